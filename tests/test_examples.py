@@ -192,7 +192,7 @@ def test_cross_modal_best_sentences_by_hand() -> None:
     cm = load("cross_modal_search")
     images = np.array(
         [
-            [0.2 * 0.6 - 1.5 * 1.3 + 0.6 * 0.8 + 0.3 * 0.4, 0.06 - 0.45 + 0.12 + 0.12, -0.04 + 0.9 - 0.18 + 0.21],
+            [0.12 - 1.95 + 0.48 + 0.12, 0.06 - 0.45 + 0.12 + 0.12, -0.04 + 0.9 - 0.18 + 0.21],
             [-0.24 - 0.65 + 0.96 - 0.04, -0.12 - 0.15 + 0.24 - 0.04, 0.08 + 0.3 - 0.36 - 0.07],
         ]
     )  # I W_i, row by row
@@ -273,7 +273,9 @@ def test_demo_lists_every_example() -> None:
 
 
 @pytest.mark.parametrize("script", sorted(KEY_LINES))
-def test_script_runs(script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_script_runs(
+    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("LMFORGE_OUT", str(tmp_path))
     runpy.run_path(str(EXAMPLES / script), run_name="__main__")
     out = capsys.readouterr().out

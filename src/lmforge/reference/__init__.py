@@ -25,7 +25,7 @@ __all__ = [
     "relu",
     "scaled_dot_product_attention",
     "sigmoid",
+    "sinusoidal_positions",
     "softmax",
     "split_heads",
-    "sinusoidal_positions",
 ]

@@ -1,0 +1,278 @@
+"""Text, JSONL or CSV files → memory-mapped token shards with document and line boundaries.
+
+A prepared corpus is a folder:
+
+    manifest.json          tokenizer hash, vocabulary size, counts, dtype, the files it came from
+    train.tokens           all token ids of the training documents, end to end (uint16 or uint32)
+    train.lines.npy        int64 offsets: line i is tokens[lines[i]:lines[i+1]]
+    train.docs.npy         int64 offsets into the lines: document d is lines[docs[d]:docs[d+1]]
+    valid.*                the same for the validation documents
+
+Lines are the segments that next-sentence prediction pairs; documents are what "another document" means
+for its negatives and what causal LM separates with an end-of-text token. A text file is one document, or
+one per blank-line-separated block with ``doc_separator="blank-line"``; a JSONL line or a CSV row is one
+document (field ``text``).
+
+    >>> corpus = prepare_corpus(["play.txt"], tokenizer, "data/shakespeare")     # doctest: +SKIP
+    >>> TokenShard.open("data/shakespeare", "train").n_tokens                     # doctest: +SKIP
+    1325021
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from lmforge.errors import LmforgeError
+
+MANIFEST = "manifest.json"
+
+
+# -- reading documents --------------------------------------------------------------------------------------
+def read_text(path: Path, errors: str = "strict") -> str:
+    """A file's text as UTF-8; invalid bytes name the file and the byte offset (or are replaced)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig", errors=errors)
+    except UnicodeDecodeError as err:
+        raise LmforgeError(f"{path}: invalid UTF-8 at byte {err.start} (use --errors replace to substitute)") from None
+
+
+def iter_documents(path: Path, doc_separator: str = "file", field: str = "text",
+                   errors: str = "strict") -> Iterator[list[str]]:
+    """Yield each document of a file as its list of non-empty lines.
+
+    .txt: the whole file (``doc_separator="file"``) or blocks between blank lines ("blank-line").
+    .jsonl: one document per line, from ``field``. .csv / .tsv: one per row, from the column ``field``.
+    """
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise LmforgeError(f"{path}: no such file")
+    text = read_text(path, errors)
+    if suffix == ".jsonl":
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise LmforgeError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                raise LmforgeError(f"{path}:{number}: missing string field {field!r}")
+            yield _lines(record[field])
+    elif suffix in (".csv", ".tsv"):
+        reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
+        if reader.fieldnames is None or field not in reader.fieldnames:
+            raise LmforgeError(f"{path}: no column {field!r} (columns: {', '.join(reader.fieldnames or [])})")
+        for row in reader:
+            yield _lines(row[field] or "")
+    elif doc_separator == "blank-line":
+        for block in text.split("\n\n"):
+            lines = _lines(block)
+            if lines:
+                yield lines
+    else:
+        yield _lines(text)
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# -- tokenizing in worker processes ---------------------------------------------------------------------
+_WORKER_TOKENIZER = None
+
+
+def _init_worker(tokenizer) -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tokenizer
+
+
+def encode_lines(tokenizer, lines: Sequence[str]) -> list[list[int]]:
+    """Token ids of each line, without special tokens (they are added when batches are built)."""
+    return [tokenizer.encode(line, add_special_tokens=False).ids for line in lines]
+
+
+def _encode_chunk(lines: list[str]) -> list[list[int]]:
+    return encode_lines(_WORKER_TOKENIZER, lines)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of the tokenizer's saved form, so a corpus is never silently used with another tokenizer."""
+    to_json = getattr(tokenizer, "to_json", None)
+    payload = to_json() if callable(to_json) else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+# -- writing shards ---------------------------------------------------------------------------------
+@dataclass
+class Split:
+    tokens: list[np.ndarray]
+    line_lengths: list[int]
+    doc_lines: list[int]
+
+    def write(self, out: Path, name: str, dtype: np.dtype) -> dict[str, int]:
+        tokens = np.concatenate(self.tokens).astype(dtype) if self.tokens else np.zeros(0, dtype)
+        lines = np.concatenate([[0], np.cumsum(self.line_lengths, dtype=np.int64)]).astype(np.int64)
+        docs = np.concatenate([[0], np.cumsum(self.doc_lines, dtype=np.int64)]).astype(np.int64)
+        _atomic_write(out / f"{name}.tokens", tokens.tobytes())
+        _atomic_save_npy(out / f"{name}.lines.npy", lines)
+        _atomic_save_npy(out / f"{name}.docs.npy", docs)
+        return {"tokens": int(tokens.size), "lines": len(self.line_lengths), "documents": len(self.doc_lines)}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+def prepare_corpus(
+    files: Sequence[str | Path],
+    tokenizer,
+    out_dir: str | Path,
+    val_fraction: float = 0.1,
+    doc_separator: str = "file",
+    field: str = "text",
+    workers: int | None = None,
+    seed: int = 0,
+    errors: str = "strict",
+    progress: bool = True,
+) -> dict:
+    """Tokenize files into train/valid shards; return the manifest.
+
+    Validation documents are a seeded random ``val_fraction`` of the documents (at least one, when there
+    are two or more); with a single document, its last ``val_fraction`` of lines are held out instead.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise LmforgeError("no input files given")
+    docs = [doc for p in paths for doc in iter_documents(p, doc_separator, field, errors) if doc]
+    if not docs:
+        raise LmforgeError(f"{', '.join(map(str, paths))}: no text found (empty corpus)")
+    docs = _split_single_document(docs, val_fraction)
+    all_lines = [line for doc in docs for line in doc]
+    encoded = _encode_all(tokenizer, all_lines, workers, progress)
+
+    n_val = 0 if len(docs) < 2 else max(1, round(val_fraction * len(docs)))
+    order = np.random.default_rng(seed).permutation(len(docs))
+    is_val = np.zeros(len(docs), dtype=bool)
+    is_val[order[:n_val]] = True
+    splits = {"train": Split([], [], []), "valid": Split([], [], [])}
+    position = 0
+    for d, doc in enumerate(docs):
+        split = splits["valid" if is_val[d] else "train"]
+        for ids in encoded[position: position + len(doc)]:
+            split.tokens.append(np.asarray(ids, dtype=np.int64))
+            split.line_lengths.append(len(ids))
+        split.doc_lines.append(len(doc))
+        position += len(doc)
+
+    vocab_size = int(tokenizer.vocab_size)
+    dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+    manifest = {
+        "format": "lmforge-shards/1",
+        "tokenizer_hash": tokenizer_fingerprint(tokenizer),
+        "vocab_size": vocab_size,
+        "dtype": dtype.name,
+        "files": [str(p) for p in paths],
+        "characters": sum(len(line) for line in all_lines),
+        "splits": {name: split.write(out, name, dtype) for name, split in splits.items()},
+    }
+    _atomic_write(out / MANIFEST, json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+def _split_single_document(docs: list[list[str]], val_fraction: float) -> list[list[str]]:
+    if len(docs) != 1 or len(docs[0]) < 2:
+        return docs
+    cut = len(docs[0]) - max(1, round(val_fraction * len(docs[0])))
+    return [docs[0][:cut], docs[0][cut:]]
+
+
+def _encode_all(tokenizer, lines: list[str], workers: int | None, progress: bool) -> list[list[int]]:
+    workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    chunk = 2000
+    chunks = [lines[i: i + chunk] for i in range(0, len(lines), chunk)]
+    bar = tqdm(total=len(lines), desc="tokenizing", unit=" lines", disable=not progress, file=sys.stderr)
+    out: list[list[int]] = []
+    if workers <= 1 or len(chunks) == 1:
+        for part in chunks:
+            out.extend(encode_lines(tokenizer, part))
+            bar.update(len(part))
+    else:
+        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+            for part, ids in zip(chunks, pool.map(_encode_chunk, chunks), strict=True):
+                out.extend(ids)
+                bar.update(len(part))
+    bar.close()
+    return out
+
+
+# -- reading shards ---------------------------------------------------------------------------------
+@dataclass
+class TokenShard:
+    """One split of a prepared corpus, memory-mapped: tokens, line offsets and document offsets."""
+
+    tokens: np.ndarray  # (n_tokens,) uint16 / uint32, memory-mapped
+    lines: np.ndarray  # (n_lines + 1,) int64
+    docs: np.ndarray  # (n_docs + 1,) int64, offsets into lines
+    manifest: dict
+
+    @classmethod
+    def open(cls, corpus_dir: str | Path, split: str = "train", tokenizer=None) -> TokenShard:
+        root = Path(corpus_dir)
+        manifest_path = root / MANIFEST
+        if not manifest_path.is_file():
+            raise LmforgeError(f"{root}: not a prepared corpus (no {MANIFEST}; run `lmforge data prepare`)")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            dtype = np.dtype(manifest["dtype"])
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise LmforgeError(f"{manifest_path}: corrupt manifest ({err})") from None
+        if tokenizer is not None and manifest.get("tokenizer_hash") != tokenizer_fingerprint(tokenizer):
+            raise LmforgeError(f"{root}: prepared with another tokenizer (hash {manifest.get('tokenizer_hash')})")
+        path = root / f"{split}.tokens"
+        size = path.stat().st_size // dtype.itemsize if path.exists() else 0
+        tokens = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+        lines = np.load(root / f"{split}.lines.npy")
+        docs = np.load(root / f"{split}.docs.npy")
+        if lines[-1] != size:
+            raise LmforgeError(f"{path}: holds {size} tokens but its line offsets end at {lines[-1]} (corrupt)")
+        return cls(tokens, lines, docs, manifest)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.docs) - 1
+
+    def doc_tokens(self, d: int) -> np.ndarray:
+        """All token ids of document d, as int64."""
+        return np.asarray(self.tokens[self.lines[self.docs[d]]: self.lines[self.docs[d + 1]]], dtype=np.int64)
+
+    def doc_line_range(self, d: int) -> tuple[int, int]:
+        return int(self.docs[d]), int(self.docs[d + 1])
+
+    def line_tokens(self, i: int) -> np.ndarray:
+        return np.asarray(self.tokens[self.lines[i]: self.lines[i + 1]], dtype=np.int64)

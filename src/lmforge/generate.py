@@ -1,0 +1,245 @@
+"""Text generation for decoder-only (GPT) and encoder-decoder (Vaswani) models.
+
+An autoregressive model gives p(x_t | x_<t). Generation picks a token, appends it, and asks again:
+
+    logits = model(prompt)[:, -1]            # (B, V) scores of the next token
+    repeat max_new_tokens times:
+        token  = choose(logits)              # greedy, temperature, top-k, top-p (generation/sampling.py)
+        logits = model(token, cache)[:, -1]  # one new token per row: the KV cache holds the rest
+
+or keeps K hypotheses per prompt (beam search, generation/beam.py). A row stops at a stop token (the
+model's ``eos_id`` by default); rows that stopped are filled with ``pad_id``.
+
+    >>> import torch
+    >>> from lmforge.models import Decoder, get_preset
+    >>> model = Decoder(get_preset("gpt-tiny")).eval()
+    >>> out = generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=5)      # greedy
+    >>> out.tokens.shape
+    torch.Size([1, 5])
+    >>> out = generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=5, temperature=0.8, top_p=0.9, seed=0)
+    >>> out = generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=5, beams=4, length_penalty=1.0)
+
+Prompts of different lengths go in one batch padded on the left (``pad_prompts``): each row then gives
+what the prompt gives alone. For streaming, ``stream`` yields each step's tokens (B,) as they are chosen.
+
+Speed: the loop does the least work per step. The cache is preallocated (no ``torch.cat``), only the
+last position's logits are looked at, no mask or positions are built when nothing is padded, the chosen
+tokens go into a preallocated (B, N) tensor, and everything runs under ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lmforge.errors import LmforgeError
+from lmforge.generation.beam import beam_search
+from lmforge.generation.sampling import next_token, top_k_filter, top_p_filter
+from lmforge.generation.steps import make_steps
+
+__all__ = [
+    "GenerationOutput",
+    "generate",
+    "next_token",
+    "pad_prompts",
+    "stream",
+    "top_k_filter",
+    "top_p_filter",
+]
+
+
+@dataclass
+class GenerationOutput:
+    """What ``generate`` returns.
+
+    tokens: (B, N) new tokens only (not the prompt), ``pad_id`` after a row's stop token.
+    lengths: (B,) number of new tokens of each row, stop token included.
+    logits: (B, N, V) the raw next-token logits of every step (``output_logits=True``, not for beams).
+    scores: (B,) beam search: total log-probability / length ** length_penalty of the chosen sequence.
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    logits: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+
+    def to_lists(self) -> list[list[int]]:
+        """Each row's new tokens without the padding: [[5, 9, 2], [7, 2]]."""
+        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist(), strict=True)]
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
+                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ids (B, P) and attention mask (B, P), 1 = real token.
+
+    >>> ids, mask = pad_prompts([[5, 6, 7], [8]], pad_id=0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6, 7], [0, 0, 8]], [[1, 1, 1], [0, 0, 1]])
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise LmforgeError("prompt: every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[row, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+                  beams: int) -> None:
+    """Reject settings that make no sense, naming the option (the CLI prints it as one line)."""
+    if max_new_tokens < 0:
+        raise LmforgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise LmforgeError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise LmforgeError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise LmforgeError(f"top_p must be in (0, 1], got {top_p}")
+    if beams < 1:
+        raise LmforgeError(f"beams must be >= 1, got {beams}")
+    if beams > 1 and (temperature > 0 or top_k is not None or top_p is not None):
+        raise LmforgeError("beams: beam search is deterministic; use it with temperature 0 and no top_k/top_p")
+
+
+def model_ids(model: nn.Module, stop_ids: Sequence[int] | None, pad_id: int | None) -> tuple[list[int], int]:
+    """Stop tokens (default: the model's eos_id) and the padding id (default pad_id, else eos, else 0)."""
+    config = getattr(model, "config", None)
+    eos = getattr(config, "eos_id", None)
+    stop = list(stop_ids) if stop_ids is not None else ([eos] if eos is not None else [])
+    if pad_id is None:
+        pad_id = getattr(config, "pad_id", None)
+        pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
+    return stop, pad_id
+
+
+def stream(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 50,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_ids: Sequence[int] | None = None,
+    pad_id: int | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    start_id: int | None = None,
+    logits_out: list[torch.Tensor] | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row (B,) step by step: greedy or sampled, with a KV cache.
+
+    Arguments as in ``generate``. A row that has stopped yields ``pad_id``; the iteration ends when every
+    row has stopped or after ``max_new_tokens`` steps. ``logits_out``, when given, receives each step's
+    raw logits (B, V).
+
+    >>> for tokens in stream(model, ids, max_new_tokens=3):    # doctest: +SKIP
+    ...     print(tokenizer.decode(tokens.tolist()), end="", flush=True)
+    """
+    check_options(max_new_tokens, temperature, top_k, top_p, 1)
+    stop, pad_id = model_ids(model, stop_ids, pad_id)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    stop_tensor = torch.tensor(stop, device=input_ids.device)
+    with torch.inference_mode():
+        steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
+        if max_new_tokens == 0:
+            return
+        logits = steps.first()  # (B, V)
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
+        for t in range(max_new_tokens):
+            if logits_out is not None:
+                logits_out.append(logits)
+            tokens = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+            if stop:
+                tokens = tokens.masked_fill(finished, pad_id)
+                finished |= torch.isin(tokens, stop_tensor)
+            yield tokens
+            if t + 1 == max_new_tokens or (stop and bool(finished.all())):
+                return
+            logits = steps.next(tokens)
+
+
+def generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 50,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    beams: int = 1,
+    length_penalty: float = 1.0,
+    stop_ids: Sequence[int] | None = None,
+    pad_id: int | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    start_id: int | None = None,
+    output_logits: bool = False,
+) -> GenerationOutput:
+    """Continue each prompt (decoder-only) or translate each source (encoder-decoder) by up to N tokens.
+
+    Args:
+        model: a ``Decoder``, a ``Seq2Seq``, or anything with the same ``forward``/``decode`` and
+            ``new_caches``.
+        input_ids: (B, P) prompts (decoder) or sources (encoder-decoder), left-padded (``pad_prompts``).
+        attention_mask: (B, P) 1 for real tokens, 0 for padding; None when nothing is padded.
+        max_new_tokens: N, the most tokens to add to each row.
+        temperature: 0 = greedy (argmax); otherwise sample from softmax(logits / temperature).
+        top_k: sample only among the k most likely tokens.
+        top_p: sample only among the smallest set of tokens whose probability mass is >= top_p.
+        beams: K > 1 runs beam search (deterministic; no sampling options).
+        length_penalty: beam search ranks finished sequences by log p / length ** length_penalty.
+        stop_ids: tokens that end a row (kept in the output); default [model.config.eos_id].
+        pad_id: fills rows after their stop token; default the model's pad_id, else eos_id, else 0.
+        seed / generator: make sampling reproducible (same seed, same output).
+        use_cache: False re-runs the whole prefix every step (the reference the cache is tested against).
+        start_id: first decoder token of an encoder-decoder (default config.bos_id).
+        output_logits: also return every step's raw logits (B, N, V).
+    """
+    check_options(max_new_tokens, temperature, top_k, top_p, beams)
+    if beams > 1:
+        stop, pad = model_ids(model, stop_ids, pad_id)
+        with torch.inference_mode():
+            steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
+            seqs, scores = beam_search(steps, input_ids.shape[0], beams, max_new_tokens, stop, pad,
+                                       length_penalty)
+        width = max((len(s) for s in seqs), default=0)
+        tokens = torch.full((len(seqs), width), pad, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        lengths = torch.tensor([len(s) for s in seqs])
+        return GenerationOutput(tokens.to(input_ids.device), lengths.to(input_ids.device),
+                                scores=torch.tensor(scores))
+
+    stop, pad = model_ids(model, stop_ids, pad_id)
+    b = input_ids.shape[0]
+    out = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=input_ids.device)  # (B, N)
+    logits: list[torch.Tensor] | None = [] if output_logits else None
+    n = 0
+    for n, tokens in enumerate(stream(model, input_ids, attention_mask, max_new_tokens, temperature, top_k,
+                                      top_p, stop, pad, seed, generator, use_cache, start_id, logits), 1):
+        out[:, n - 1] = tokens
+    lengths = first_stop(out[:, :n], stop) + 1 if stop else torch.full((b,), n, device=input_ids.device)
+    stacked = torch.stack(logits, dim=1) if logits else None  # (B, N, V)
+    return GenerationOutput(out[:, :n], lengths, stacked)
+
+
+def first_stop(tokens: torch.Tensor, stop: Sequence[int]) -> torch.Tensor:
+    """(B,) index of each row's first stop token, or N - 1 when there is none.
+
+    >>> first_stop(torch.tensor([[4, 2, 0], [4, 5, 6]]), [2]).tolist()
+    [1, 2]
+    """
+    hit = torch.isin(tokens, torch.tensor(list(stop), device=tokens.device))  # (B, N)
+    n = tokens.shape[1]
+    index = torch.where(hit, torch.arange(n, device=tokens.device), n - 1)
+    return index.min(dim=1).values if n else torch.zeros(tokens.shape[0], dtype=torch.long)

@@ -1,0 +1,69 @@
+"""Choosing the next token from the logits of the last position: greedy, temperature, top-k, top-p.
+
+    greedy:       x_t = argmax_v  z_v
+    temperature:  p_v = softmax(z / T)_v           T -> 0 is greedy, T = 1 the model, T > 1 flatter
+    top-k:        keep the k largest z_v, renormalise                       (Fan et al. 2018)
+    top-p:        keep the smallest set of most likely tokens whose mass is >= p   (Holtzman et al. 2019)
+
+Filters set removed logits to -inf, so the softmax that follows renormalises over what is left.
+Every function works on a batch of rows, logits (B, V), and never leaves the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row (ties with the k-th are kept), the rest become -inf.
+
+    >>> top_k_filter(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), 2).tolist()
+    [[-inf, 3.0, 2.0, -inf]]
+    """
+    if k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(k, dim=-1).values[..., -1:]  # (B, 1) the k-th largest
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filter: keep the smallest set of most likely tokens whose probability mass is >= p.
+
+    A token is dropped when the tokens more likely than it already hold mass >= p; the most likely
+    token is always kept. With probabilities [0.5, 0.3, 0.15, 0.05]:
+
+    >>> z = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    >>> top_p_filter(z, 0.75).isfinite().tolist()       # 0.5 < 0.75 <= 0.5 + 0.3
+    [[True, True, False, False]]
+    """
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
+    drop_sorted = mass_before >= p  # (B, V) in sorted order; position 0 always has mass_before = 0
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def next_token(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row from logits (B, V) -> (B,). temperature 0 is greedy (argmax).
+
+    >>> next_token(torch.tensor([[0.1, 2.0, -1.0]])).tolist()
+    [1]
+    """
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    z = logits.float() / temperature
+    if top_k is not None:
+        z = top_k_filter(z, top_k)
+    if top_p is not None:
+        z = top_p_filter(z, top_p)
+    probs = torch.softmax(z, dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

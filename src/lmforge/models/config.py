@@ -1,0 +1,213 @@
+"""Model configurations: one dataclass per architecture, saved as ``config.json`` in a model directory.
+
+    EncoderConfig   BERT (Devlin et al. 2018): bidirectional, post-LN, GELU, learned positions, segments
+    DecoderConfig   GPT-2 (Radford et al. 2019): causal, pre-LN, tanh-GELU, learned positions, tied head
+    Seq2SeqConfig   Transformer (Vaswani et al. 2017): encoder-decoder, post-LN, ReLU, sinusoidal positions
+
+Each config round-trips: ``Config.from_dict(c.to_dict()) == c`` and ``Config.load(c.save(dir)) == c``.
+The ``kind`` field says which class a ``config.json`` belongs to (``load_config`` dispatches on it).
+
+>>> get_preset("gpt-tiny", n_layers=3).n_layers
+3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import LmforgeError
+
+# Keys a model directory's config.json may hold beside the architecture's fields (which head sits on
+# top, the label names of a fine-tuned model, ...). ``from_dict`` accepts and ignores them.
+MODEL_KEYS = frozenset({"architecture", "num_labels", "labels", "task", "lmforge_version", "label_names"})
+
+
+class ConfigMixin:
+    """to_dict / from_dict / save / load shared by the three configs."""
+
+    kind: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "config"):
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kind = d.get("kind", cls.kind)
+        if kind != cls.kind:
+            raise LmforgeError(f"{source}: kind is {kind!r}, expected {cls.kind!r}")
+        unknown = sorted(set(d) - names - MODEL_KEYS)
+        if unknown:
+            raise LmforgeError(f"{source}: unknown {cls.__name__} field(s) {', '.join(unknown)}")
+        try:
+            config = cls(**{k: v for k, v in d.items() if k in names})
+        except TypeError as err:  # a required field is missing
+            raise LmforgeError(f"{source}: {err}") from None
+        config.validate(source)  # type: ignore[attr-defined]
+        return config
+
+    def save(self, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+        """Write ``directory/config.json`` atomically (temporary file, then rename); return its path."""
+        path = Path(directory) / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**self.to_dict(), **(extra or {})}
+        write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        """Read a ``config.json`` (or the one inside a directory)."""
+        return cls.from_dict(read_json(config_path(path)), source=str(config_path(path)))
+
+    def validate(self, source: str = "config") -> None:
+        d_model, n_heads = getattr(self, "d_model"), getattr(self, "n_heads")  # noqa: B009
+        if d_model % n_heads:
+            raise LmforgeError(f"{source}: d_model={d_model} is not divisible by n_heads={n_heads}")
+        if getattr(self, "activation") not in ("relu", "gelu", "gelu_tanh"):  # noqa: B009
+            raise LmforgeError(f"{source}: activation must be relu, gelu or gelu_tanh")
+
+
+@dataclass
+class EncoderConfig(ConfigMixin):
+    """BERT: token + position + segment embeddings, post-LN GELU layers, a tanh pooler on [CLS]."""
+
+    vocab_size: int
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 1024
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"
+    eps: float = 1e-12
+    pad_id: int | None = 0
+    kind: str = field(default="encoder")
+
+
+@dataclass
+class DecoderConfig(ConfigMixin):
+    """GPT-2: token + learned positions, pre-LN tanh-GELU layers, a final LayerNorm, the LM head tied."""
+
+    vocab_size: int
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_ff: int = 3072
+    max_positions: int = 1024
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu_tanh"
+    eps: float = 1e-5
+    tie_embeddings: bool = True
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    kind: str = field(default="decoder")
+
+
+@dataclass
+class Seq2SeqConfig(ConfigMixin):
+    """Vaswani et al.: shared embeddings * sqrt(d_model), sinusoids, post-LN ReLU encoder and decoder."""
+
+    vocab_size: int
+    d_model: int = 512
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    n_heads: int = 8
+    d_ff: int = 2048
+    max_positions: int = 512
+    dropout: float = 0.1
+    activation: str = "relu"
+    eps: float = 1e-5
+    pad_id: int | None = 0
+    bos_id: int | None = 1
+    eos_id: int | None = 2
+    attention_dropout: float = 0.0  # the paper drops sublayer outputs only
+    kind: str = field(default="seq2seq")
+
+
+Config = EncoderConfig | DecoderConfig | Seq2SeqConfig
+CONFIG_CLASSES: dict[str, type] = {"encoder": EncoderConfig, "decoder": DecoderConfig, "seq2seq": Seq2SeqConfig}
+
+PRESETS: dict[str, Config] = {
+    # Devlin et al. Table/§3: BERT-base L=12, H=768, A=12 (110M); BERT-large L=24, H=1024, A=16 (340M).
+    "bert-base": EncoderConfig(vocab_size=30522, d_model=768, n_layers=12, n_heads=12, d_ff=3072),
+    "bert-large": EncoderConfig(vocab_size=30522, d_model=1024, n_layers=24, n_heads=16, d_ff=4096),
+    "minilm-l6": EncoderConfig(vocab_size=30522, d_model=384, n_layers=6, n_heads=12, d_ff=1536),
+    # Radford et al. 2019, the smallest GPT-2 (124M with the tied head).
+    "gpt2": DecoderConfig(vocab_size=50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
+                          bos_id=50256, eos_id=50256),
+    # Vaswani et al. Table 3, the base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048, dropout 0.1).
+    "transformer-base": Seq2SeqConfig(vocab_size=37000),
+    # Tiny ones for tests and quick experiments.
+    "bert-tiny": EncoderConfig(vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_positions=128),
+    "gpt-tiny": DecoderConfig(vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_positions=128),
+    "seq2seq-tiny": Seq2SeqConfig(vocab_size=1000, d_model=64, n_encoder_layers=2, n_decoder_layers=2,
+                                  n_heads=4, d_ff=128, max_positions=128),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> Config:
+    """A fresh copy of a preset, with fields replaced: ``get_preset("bert-tiny", vocab_size=500)``."""
+    if name not in PRESETS:
+        raise LmforgeError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
+    base = PRESETS[name]
+    fields = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise LmforgeError(f"preset {name!r}: unknown field(s) {', '.join(unknown)}")
+    config = dataclasses.replace(base, **overrides)
+    config.validate(f"preset {name!r}")
+    return config
+
+
+def config_from_dict(d: dict[str, Any], source: str = "config") -> Config:
+    """Build the config class named by ``d["kind"]``."""
+    kind = d.get("kind")
+    if kind not in CONFIG_CLASSES:
+        raise LmforgeError(f"{source}: 'kind' must be one of {', '.join(CONFIG_CLASSES)}, got {kind!r}")
+    return CONFIG_CLASSES[kind].from_dict(d, source)
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read any lmforge ``config.json`` (or the one inside a directory)."""
+    p = config_path(path)
+    return config_from_dict(read_json(p), str(p))
+
+
+# -- small file helpers used by the model I/O too ---------------------------------------------------
+def config_path(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise LmforgeError(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise LmforgeError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise LmforgeError(f"{path}: expected a JSON object")
+    return data
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file beside ``path`` and rename it over: readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

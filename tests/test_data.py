@@ -1,0 +1,243 @@
+"""Corpus shards and the pretraining objectives: masking statistics, NSP negatives, label alignment, determinism."""
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from lmforge.data.collate import (
+    IGNORE,
+    CausalLMSource,
+    MaskedLMSource,
+    Seq2SeqSource,
+    SpecialIds,
+    mask_tokens,
+    truncate_longest_first,
+)
+from lmforge.data.corpus import TokenShard, iter_documents, prepare_corpus
+from lmforge.errors import LmforgeError
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass
+class _Encoding:
+    ids: list[int]
+
+
+class WhitespaceTokenizer:
+    """A stand-in tokenizer: one id per whitespace-separated word, grown on first sight (tests only)."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.vocab = {w: i for i, w in enumerate(SPECIALS + sorted(set(words)))}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = range(5)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.vocab)
+
+    def to_json(self) -> str:
+        return json.dumps(self.vocab, sort_keys=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
+        return _Encoding([self.vocab.get(w, self.unk_id) for w in text.split()])
+
+
+def write_docs(tmp_path, n_docs=6, n_lines=12, words_per_line=5):
+    """Document d uses only words 'd<d>w<k>', so every token reveals its document."""
+    paths, words = [], []
+    for d in range(n_docs):
+        lines = [" ".join(f"d{d}w{(i * words_per_line + k) % 17}" for k in range(words_per_line))
+                 for i in range(n_lines)]
+        words += [w for line in lines for w in line.split()]
+        path = tmp_path / f"doc{d}.txt"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths, WhitespaceTokenizer(words)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    paths, tok = write_docs(tmp_path)
+    manifest = prepare_corpus(paths, tok, tmp_path / "corpus", val_fraction=0.34, workers=1, progress=False)
+    return tmp_path / "corpus", tok, manifest
+
+
+def doc_of(tok: WhitespaceTokenizer, token_id: int) -> int:
+    word = {i: w for w, i in tok.vocab.items()}[token_id]
+    return int(word[1: word.index("w")])
+
+
+# -- corpus ------------------------------------------------------------------------------------------------
+def test_prepare_writes_shards_with_boundaries(corpus):
+    root, tok, manifest = corpus
+    train, valid = TokenShard.open(root, "train", tok), TokenShard.open(root, "valid", tok)
+    assert manifest["splits"]["valid"]["documents"] == 2 and train.n_docs == 4
+    assert train.n_tokens + valid.n_tokens == 6 * 12 * 5
+    assert train.tokens.dtype == np.uint16
+    for d in range(train.n_docs):  # each document holds tokens of one source document only
+        assert len({doc_of(tok, int(t)) for t in train.doc_tokens(d)}) == 1
+    assert train.line_tokens(0).size == 5
+
+
+def test_multiprocess_tokenizing_gives_the_same_shards(tmp_path):
+    paths, tok = write_docs(tmp_path, n_docs=3, n_lines=3000, words_per_line=2)
+    one = prepare_corpus(paths, tok, tmp_path / "a", workers=1, progress=False)
+    two = prepare_corpus(paths, tok, tmp_path / "b", workers=2, progress=False)
+    assert one["splits"] == two["splits"]
+    assert (tmp_path / "a/train.tokens").read_bytes() == (tmp_path / "b/train.tokens").read_bytes()
+
+
+def test_jsonl_csv_and_blank_line_documents(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "one\\ntwo"}\n{"text": "three"}\n')
+    (tmp_path / "b.csv").write_text('label,text\nx,"four five"\ny,six\n')
+    (tmp_path / "c.txt").write_text("p1 l1\np1 l2\n\np2 l1\n")
+    assert list(iter_documents(tmp_path / "a.jsonl")) == [["one", "two"], ["three"]]
+    assert list(iter_documents(tmp_path / "b.csv")) == [["four five"], ["six"]]
+    assert list(iter_documents(tmp_path / "c.txt", "blank-line")) == [["p1 l1", "p1 l2"], ["p2 l1"]]
+
+
+def test_bad_input_gives_one_line_errors(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"good text\n\xff\xfe bad")
+    with pytest.raises(LmforgeError, match=r"bad.txt: invalid UTF-8 at byte 10"):
+        list(iter_documents(tmp_path / "bad.txt"))
+    assert next(iter(iter_documents(tmp_path / "bad.txt", errors="replace")))[1].endswith("bad")
+    (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    with pytest.raises(LmforgeError, match=r"a.jsonl:2: missing string field 'text'"):
+        list(iter_documents(tmp_path / "a.jsonl"))
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(LmforgeError, match="empty corpus"):
+        prepare_corpus([tmp_path / "empty.txt"], WhitespaceTokenizer([]), tmp_path / "out", progress=False)
+    with pytest.raises(LmforgeError, match="not a prepared corpus"):
+        TokenShard.open(tmp_path)
+
+
+def test_corpus_refuses_another_tokenizer(corpus):
+    root, _, _ = corpus
+    with pytest.raises(LmforgeError, match="another tokenizer"):
+        TokenShard.open(root, "train", WhitespaceTokenizer(["other"]))
+
+
+# -- masked LM ----------------------------------------------------------------------------------------------
+def test_masking_statistics_80_10_10():
+    rng = np.random.default_rng(0)
+    n = 200_000
+    ids = rng.integers(5, 1000, size=n)
+    maskable = np.ones(n, dtype=bool)
+    maskable[::10] = False  # "special" positions
+    corrupted, labels = mask_tokens(ids, maskable, rng, mask_id=4, vocab_size=1000)
+    chosen = labels != IGNORE
+    assert not chosen[~maskable].any()  # specials never chosen
+    assert chosen[maskable].mean() == pytest.approx(0.15, abs=0.004)
+    np.testing.assert_array_equal(labels[chosen], ids[chosen])  # labels are the originals
+    assert (corrupted[~chosen] == ids[~chosen]).all()  # unchosen untouched
+    to_mask = (corrupted[chosen] == 4).mean()
+    kept = (corrupted[chosen] == ids[chosen]).mean()
+    assert to_mask == pytest.approx(0.8, abs=0.01)
+    assert kept == pytest.approx(0.1 + 0.1 / 1000, abs=0.01)  # 10% kept (+ random tokens that hit the original)
+    assert 1 - to_mask - kept == pytest.approx(0.1, abs=0.01)
+
+
+def test_whole_word_masking_takes_words_together():
+    rng = np.random.default_rng(1)
+    starts = np.tile([True, False, False], 10_000)  # words of three sub-tokens
+    ids = np.arange(starts.size) % 900 + 5
+    _, labels = mask_tokens(ids, np.ones(starts.size, bool), rng, 4, 1000, word_starts=starts)
+    per_word = (labels != IGNORE).reshape(-1, 3)
+    assert (per_word.all(1) | ~per_word.any(1)).all()  # all or nothing within a word
+    assert per_word[:, 0].mean() == pytest.approx(0.15, abs=0.01)
+
+
+def test_mlm_nsp_batches(corpus):
+    root, tok, _ = corpus
+    shard = TokenShard.open(root, "train", tok)
+    source = MaskedLMSource(shard, SpecialIds.from_tokenizer(tok), batch_size=64, seq_len=24, seed=3)
+    batch = source.batch(step=0)
+    ids, types, labels = batch["input_ids"], batch["token_type_ids"], batch["labels"]
+    assert ids.shape == types.shape == labels.shape == (64, 24)
+    assert (ids[:, 0] == tok.cls_id).all()
+    n_random = 0
+    for i in range(64):
+        n = int(batch["attention_mask"][i].sum())
+        assert (ids[i, n:] == tok.pad_id).all() and (labels[i, n:] == IGNORE).all()
+        seps = (ids[i, :n] == tok.sep_id).nonzero().flatten().tolist()
+        assert seps[-1] == n - 1 and len(seps) >= 2
+        a_end = seps[0]
+        assert (types[i, : a_end + 1] == 0).all() and (types[i, a_end + 1: n] == 1).all()
+        # originals: labels where masked, else the input itself; documents of A and B
+        original = torch.where(labels[i] != IGNORE, labels[i], ids[i])
+        docs_a = {doc_of(tok, int(t)) for t in original[1:a_end]}
+        docs_b = {doc_of(tok, int(t)) for t in original[a_end + 1: n - 1]}
+        assert len(docs_a) == 1 and len(docs_b) == 1
+        is_random = int(batch["next_sentence_label"][i])
+        assert (docs_a != docs_b) == bool(is_random)  # negatives come from another document
+        n_random += is_random
+    assert 16 <= n_random <= 48
+
+
+def test_nsp_ratio_and_determinism(corpus):
+    root, tok, _ = corpus
+    source = MaskedLMSource(TokenShard.open(root, "train", tok), SpecialIds.from_tokenizer(tok), 128, 24, seed=0)
+    labels = torch.cat([source.batch(step)["next_sentence_label"] for step in range(8)])
+    assert labels.float().mean().item() == pytest.approx(0.5, abs=0.07)
+    a, b = source.batch(5, micro=1), source.batch(5, micro=1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(source.batch(5)["input_ids"], source.batch(6)["input_ids"])
+
+
+def test_ranks_split_the_global_batch(corpus):
+    root, tok, _ = corpus
+    shard = TokenShard.open(root, "train", tok)
+    whole = CausalLMSource(shard, batch_size=8, seq_len=10, seed=1).batch(3, micro=2)
+    half = CausalLMSource(shard, batch_size=4, seq_len=10, seed=1)
+    parts = [half.batch(3, micro=2, rank=r, world_size=2) for r in range(2)]
+    assert torch.equal(torch.cat([p["input_ids"] for p in parts]), whole["input_ids"])
+
+
+def test_causal_lm_windows_are_contiguous(corpus):
+    root, tok, _ = corpus
+    shard = TokenShard.open(root, "train", tok)
+    batch = CausalLMSource(shard, batch_size=4, seq_len=10).batch(0)
+    stream = np.asarray(shard.tokens, dtype=np.int64)
+    for row in batch["input_ids"].numpy():
+        starts = [s for s in range(stream.size - 9) if (stream[s: s + 10] == row).all()]
+        assert starts
+    assert torch.equal(batch["labels"], batch["input_ids"])
+    evals = list(CausalLMSource(shard, 4, 10, n_eval_batches=3,
+                                eval_shard=TokenShard.open(root, "valid", tok)).eval_batches())
+    assert len(evals) == 3 and all(e["input_ids"].shape == (4, 10) for e in evals)
+
+
+def test_truncate_longest_first():
+    a, b = truncate_longest_first(np.arange(10), np.arange(3), 8)
+    assert (a.size, b.size) == (5, 3)
+    a, b = truncate_longest_first(np.arange(4), np.arange(9), 6)
+    assert (a.size, b.size) == (3, 3)
+
+
+def test_seq2seq_teacher_forcing_alignment(tmp_path):
+    src_lines = ["a b c", "d e", "f"]
+    tgt_lines = ["x y", "z", "u v w"]
+    tok = WhitespaceTokenizer([*" ".join(src_lines + tgt_lines).split(), "<s>", "</s>"])
+    (tmp_path / "src.txt").write_text("\n".join(src_lines))
+    (tmp_path / "tgt.txt").write_text("\n".join(tgt_lines))
+    prepare_corpus([tmp_path / "src.txt"], tok, tmp_path / "s", val_fraction=0.0, progress=False, workers=1)
+    prepare_corpus([tmp_path / "tgt.txt"], tok, tmp_path / "t", val_fraction=0.0, progress=False, workers=1)
+    bos, eos = tok.vocab["<s>"], tok.vocab["</s>"]
+    source = Seq2SeqSource(TokenShard.open(tmp_path / "s"), TokenShard.open(tmp_path / "t"), batch_size=16,
+                           max_len=6, bos_id=bos, eos_id=eos, pad_id=tok.pad_id)
+    batch = source.batch(0)
+    inverse = {i: w for w, i in tok.vocab.items()}
+    for i in range(16):
+        src = [inverse[int(t)] for t in batch["src_ids"][i][batch["src_mask"][i].bool()]]
+        k = src_lines.index(" ".join(src))
+        y = [tok.vocab[w] for w in tgt_lines[k].split()]
+        n = len(y) + 1
+        assert batch["tgt_ids"][i, :n].tolist() == [bos, *y]
+        assert batch["labels"][i, :n].tolist() == [*y, eos]
+        assert (batch["labels"][i, n:] == IGNORE).all()
