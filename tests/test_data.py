@@ -1,6 +1,5 @@
 """Corpus shards and the pretraining objectives: masking statistics, NSP negatives, label alignment, determinism."""
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,11 +37,12 @@ class WhitespaceTokenizer:
     def vocab_size(self) -> int:
         return len(self.vocab)
 
-    def get_vocab(self) -> dict[str, int]:
-        return dict(self.vocab)
+    def to_dict(self) -> dict:
+        return {"vocab": self.vocab}
 
-    def to_json(self) -> str:
-        return json.dumps(self.vocab, sort_keys=True)
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        inverse = {i: w for w, i in self.vocab.items()}
+        return [inverse[i] for i in ids]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
         return _Encoding([self.vocab.get(w, self.unk_id) for w in text.split()])

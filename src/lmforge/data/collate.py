@@ -131,17 +131,14 @@ class SpecialIds:
         if missing:
             raise LmforgeError(f"masked LM needs a tokenizer with [CLS], [SEP], [MASK] and [PAD]; missing {missing}")
         starts = word_start_table(tokenizer) if whole_word else None
-        return cls(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.pad_id, tokenizer.vocab_size, starts)
+        t = tokenizer
+        return cls(t.cls_id, t.sep_id, t.mask_id, t.pad_id, t.vocab_size, starts)
 
 
 def word_start_table(tokenizer) -> np.ndarray:
     """For each vocabulary id, whether the token begins a word: WordPiece marks continuations with '##'."""
-    vocab = tokenizer.get_vocab()
-    table = np.ones(tokenizer.vocab_size, dtype=bool)
-    for token, i in vocab.items():
-        if token.startswith("##") and i < table.size:
-            table[i] = False
-    return table
+    tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    return np.array([not token.startswith("##") for token in tokens], dtype=bool)
 
 
 @dataclass

@@ -100,6 +100,9 @@ def _init_worker(tokenizer) -> None:
 
 def encode_lines(tokenizer, lines: Sequence[str]) -> list[list[int]]:
     """Token ids of each line, without special tokens (they are added when batches are built)."""
+    encode = getattr(tokenizer, "encode_ordinary", None)
+    if callable(encode):
+        return [encode(line) for line in lines]
     return [tokenizer.encode(line, add_special_tokens=False).ids for line in lines]
 
 
@@ -109,8 +112,7 @@ def _encode_chunk(lines: list[str]) -> list[list[int]]:
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """A hash of the tokenizer's saved form, so a corpus is never silently used with another tokenizer."""
-    to_json = getattr(tokenizer, "to_json", None)
-    payload = to_json() if callable(to_json) else repr(sorted(tokenizer.get_vocab().items()))
+    payload = json.dumps(tokenizer.to_dict(), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 

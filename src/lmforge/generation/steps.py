@@ -53,6 +53,20 @@ def padding_positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def move_padding_right(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn left padding into right padding (a per-row rotation), for encoders that number positions from 0.
+
+    >>> ids, mask = torch.tensor([[0, 0, 7, 8], [5, 6, 7, 8]]), torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    >>> ids, mask = move_padding_right(ids, mask)
+    >>> ids.tolist(), mask.tolist()
+    ([[7, 8, 0, 0], [5, 6, 7, 8]], [[1, 1, 0, 0], [1, 1, 1, 1]])
+    """
+    s = ids.shape[1]
+    n_pad = s - mask.long().sum(-1, keepdim=True)  # (B, 1) pads on the left of each row
+    index = (torch.arange(s, device=ids.device) + n_pad) % s  # (B, S) column j takes column j + n_pad
+    return ids.gather(1, index), mask.gather(1, index)
+
+
 class DecoderSteps:
     """Steps of a decoder-only model: the prompt once, then one token per row per step.
 
@@ -115,7 +129,8 @@ class DecoderSteps:
 class Seq2SeqSteps:
     """Steps of an encoder-decoder: encode the source once, then decode from ``start_id`` a token at a time.
 
-    ``input_ids`` (B, S) is the source, ``attention_mask`` (B, S) 1 for real tokens. The encoder output
+    ``input_ids`` (B, S) is the source, ``attention_mask`` (B, S) 1 for real tokens; left-padded sources
+    are moved to right padding, since the encoder's positions count from column 0. The encoder output
     (the memory) is computed once; with the cache, each layer's cross-attention keys and values are
     projected from it on the first step and reused after.
     """
@@ -137,6 +152,8 @@ class Seq2SeqSteps:
             raise LmforgeError(f"max_new_tokens: {max_new_tokens} new tokens (or a source of {s}) exceed the "
                                f"model's max_positions ({max_positions})")
         self.use_cache = use_cache
+        if attention_mask is not None:  # the encoder numbers positions from column 0: real tokens go first
+            input_ids, attention_mask = move_padding_right(input_ids, attention_mask)
         self.src_mask = attention_mask
         self.memory = model.encode(input_ids, attention_mask).last_hidden_state  # (B, S, D)
         self.ids = torch.full((b, total), start_id, dtype=torch.long, device=input_ids.device)  # (B, 1 + N)

@@ -73,7 +73,7 @@ class Decoder(nn.Module):
         hidden_states follow Hugging Face: (embeddings, layer 1, ..., layer L-1, LN_f(layer L)).
         """
         check_ids(input_ids)
-        b, t = input_ids.shape
+        t = input_ids.shape[1]
         past = caches[0].self_attention.length if caches else 0
         check_length(past + t, self.config.max_positions)
         if position_ids is None:

@@ -113,24 +113,32 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> nn.Module:
-    """Copy ``tensors`` into ``model``, checking names and shapes first; errors name the tensor."""
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str,
+                 optional: tuple[str, ...] = ()) -> list[str]:
+    """Copy ``tensors`` into ``model``, checking names and shapes first; errors name the tensor.
+
+    Tensors whose names start with one of ``optional`` may be absent: they keep their initial values.
+    Returns the names of those that were absent.
+    """
     expected = model.state_dict()
     aliases = tied_aliases(model)
-    for name, value in tensors.items():
+    for name in tensors:
         if name not in expected:
             raise LmforgeError(f"{source}: unexpected tensor {name!r} (not in {type(model).__name__})")
-        if tuple(value.shape) != tuple(expected[name].shape):
+    for name, want in expected.items():  # in the model's order: the first misfit is reported
+        value = tensors.get(name)
+        if value is not None and tuple(value.shape) != tuple(want.shape):
             raise LmforgeError(
                 f"{source}: tensor {name!r} has shape {tuple(value.shape)} but the config expects "
-                f"{tuple(expected[name].shape)}"
+                f"{tuple(want.shape)}"
             )
-    missing = [k for k in expected if k not in tensors and k not in aliases]
+    absent = [k for k in expected if k not in tensors and k not in aliases]
+    missing = [k for k in absent if not k.startswith(optional)] if optional else absent
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise LmforgeError(f"{source}: missing tensor(s) {', '.join(missing[:3])}{more}")
     model.load_state_dict(tensors, strict=False)
-    return model
+    return [k for k in absent if k not in missing]
 
 
 def load_pretrained(directory: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:

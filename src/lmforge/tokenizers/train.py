@@ -147,10 +147,12 @@ def merge_word(word: list[int], a: int, b: int, new: int, f: int, delta: dict[tu
     return k
 
 
-def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], max_merges: int,
+def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], vocab_size: int,
                  min_frequency: int = 2, join: Callable[[str, str], str] = str.__add__,
                  wordpiece: bool = False, on_merge: Callable[[], None] | None = None) -> list[tuple[int, int, int]]:
-    """Learn up to ``max_merges`` merges on the unique-word table; returns ``(a, b, new_id)`` triples.
+    """Learn merges on the unique-word table until ``tokens`` holds ``vocab_size`` symbols.
+
+    Returns the merges as ``(a, b, new_id)`` triples.
 
     ``words`` (symbol ids) are merged in place and ``tokens`` (symbol strings, by id) grows with the
     new symbols; a merge whose string already exists reuses its id. Stops when no pair occurs at
@@ -183,7 +185,7 @@ def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], ma
     heap = [(-score(p, c), p[0], p[1]) for p, c in counts.items() if c >= min_frequency]
     heapq.heapify(heap)
     merges: list[tuple[int, int, int]] = []
-    while heap and len(merges) < max_merges:
+    while heap and len(tokens) < vocab_size:
         neg, a, b = heapq.heappop(heap)
         pair = (a, b)
         c = counts.get(pair, 0)

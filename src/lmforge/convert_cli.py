@@ -1,0 +1,37 @@
+"""``lmforge convert``: Hugging Face BERT / GPT-2 directories to lmforge model directories and back.
+
+    lmforge convert --from-hf DIR --out DIR      config.json + model.safetensors + tokenizer files
+    lmforge convert --to-hf DIR --out DIR        a directory transformers' from_pretrained loads
+
+Prints one JSON object (source, output, architecture, parameters) on standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, load_hf
+    from lmforge.models.registry import count_parameters, load_pretrained
+
+    if args.from_hf:
+        source, out = args.from_hf, convert_from_hf(args.from_hf, args.out)
+        model = load_pretrained(out)  # the written directory reads back
+    else:
+        source, out = args.to_hf, convert_to_hf(args.to_hf, args.out)
+        model = load_hf(out)
+    print(json.dumps({"source": str(source), "output": str(out), "architecture": type(model).__name__,
+                      "parameters": count_parameters(model, by_component=False)}))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="convert Hugging Face BERT/GPT-2 checkpoints to lmforge and back",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-hf", metavar="DIR", help="a Hugging Face BERT or GPT-2 directory")
+    src.add_argument("--to-hf", metavar="DIR", help="an lmforge Encoder or Decoder model directory")
+    p.add_argument("--out", metavar="DIR", required=True, help="output directory")
+    p.set_defaults(handler=run_convert)

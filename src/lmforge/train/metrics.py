@@ -1,0 +1,118 @@
+"""Counting targets (the weights of exact gradient accumulation) and the evaluation metrics.
+
+A model's ``loss`` is a mean over its targets: the label tokens that are not -100. A batch of k·b rows
+split into k micro-batches has n_1 + ... + n_k = N targets, and its loss is
+
+    L = (1/N) Σ_tokens ℓ = Σ_i (n_i / N) · L_i          L_i = mean loss of micro-batch i
+
+so weighting each micro-batch's mean by its share n_i / N gives the full batch's loss and gradient
+exactly (up to float rounding), however unevenly padding or masking spreads the targets. Batches
+without token labels (``next_sentence_label`` only, sequence classification) count rows instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+def label_shift(model: nn.Module) -> int:
+    """How far a model shifts ``labels`` against its logits: 1 for GPT-style next-token loss, else 0.
+
+    A model says so with a ``label_shift`` attribute; lmforge's Decoder (loss on logits[:, :-1] against
+    labels[:, 1:]) is recognised without one.
+    """
+    shift = getattr(model, "label_shift", None)
+    if shift is not None:
+        return int(shift)
+    try:
+        from lmforge.models.decoder import Decoder
+    except ImportError:
+        return 0
+    return 1 if isinstance(model, Decoder) else 0
+
+
+def count_targets(batch: dict[str, torch.Tensor], shift: int = 0) -> torch.Tensor:
+    """The number of loss targets in a batch, as a 0-dim int64 tensor on the batch's device.
+
+    >>> count_targets({"labels": torch.tensor([[5, 6, -100], [7, -100, -100]])})
+    tensor(3)
+    >>> count_targets({"labels": torch.tensor([[5, 6, -100], [7, -100, -100]])}, shift=1)   # GPT
+    tensor(1)
+    """
+    labels = batch.get("labels")
+    if labels is not None:
+        targets = labels[..., shift:] if labels.dim() > 1 else labels
+        return (targets != IGNORE_INDEX).sum()
+    for key in ("next_sentence_label", "label", "input_ids"):  # one target per row
+        if key in batch:
+            return torch.tensor(batch[key].shape[0], device=batch[key].device)
+    first = next(iter(batch.values()))
+    return torch.tensor(first.shape[0], device=first.device)
+
+
+def count_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens the model reads (for tokens/s): input ids, plus decoder inputs for seq2seq."""
+    return sum(int(batch[k].numel()) for k in ("input_ids", "decoder_input_ids") if k in batch)
+
+
+class EvalAccumulator:
+    """Sums over validation batches: loss weighted by targets, accuracies, and any ``output.metrics``.
+
+    ``result()`` gives ``{"eval_loss", "eval_ppl", "eval_accuracy", "eval_nsp_accuracy", ...}`` with the
+    keys whose inputs were present.
+    """
+
+    def __init__(self, shift: int = 0) -> None:
+        self.shift = shift
+        self.sums: dict[str, float] = {}
+
+    def _add(self, key: str, value: float, weight: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value * weight
+        self.sums[key + "/w"] = self.sums.get(key + "/w", 0.0) + weight
+
+    @torch.no_grad()
+    def update(self, batch: dict[str, torch.Tensor], output: Any) -> None:
+        n = float(count_targets(batch, self.shift))
+        loss = getattr(output, "loss", None)
+        if loss is not None and n > 0:
+            self._add("loss", float(loss), n)
+        logits, labels = getattr(output, "logits", None), batch.get("labels")
+        if logits is not None and labels is not None and logits.shape[:-1] == labels.shape and labels.dim() > 1:
+            s = self.shift
+            pred = logits[:, : logits.shape[1] - s].argmax(-1)  # (B, T - s)
+            target = labels[:, s:]  # (B, T - s)
+            mask = target != IGNORE_INDEX
+            if mask.any():
+                self._add("accuracy", float((pred[mask] == target[mask]).float().mean()), float(mask.sum()))
+        nsp_logits, nsp_labels = getattr(output, "next_sentence_logits", None), batch.get("next_sentence_label")
+        if nsp_logits is not None and nsp_labels is not None:
+            self._add("nsp_accuracy", float((nsp_logits.argmax(-1) == nsp_labels).float().mean()),
+                      float(nsp_labels.numel()))
+        for key, value in (getattr(output, "metrics", None) or {}).items():  # model-defined, averaged by rows
+            rows = next(iter(batch.values())).shape[0]
+            self._add(str(key), float(value), float(rows))
+
+    def merge(self, others: Iterable[dict[str, float]]) -> None:
+        """Replace the sums by the sum of every process's ``sums`` (gathered across ranks)."""
+        total: dict[str, float] = {}
+        for sums in others:
+            for k, v in sums.items():
+                total[k] = total.get(k, 0.0) + v
+        self.sums = total
+
+    def result(self) -> dict[str, float]:
+        out = {}
+        for key in sorted(k for k in self.sums if not k.endswith("/w")):
+            weight = self.sums[key + "/w"]
+            if weight > 0:
+                out[f"eval_{key}"] = self.sums[key] / weight
+        if "eval_loss" in out:
+            out["eval_ppl"] = math.exp(min(out["eval_loss"], 700.0))  # perplexity = e^loss
+        return out
