@@ -17,7 +17,9 @@ from lmforge.errors import LmforgeError
 # Modules that contribute sub-commands, in the order `lmforge --help` lists them.
 COMMAND_MODULES = [
     "lmforge.demo",
+    "lmforge.tokenizers.cli",
     "lmforge.data.cli",
+    "lmforge.pretrain",
     "lmforge.convert_cli",
     "lmforge.generate_cli",
 ]

@@ -39,8 +39,8 @@ class TextStream:
     so text ending in U+FFFD waits for the next token.
     """
 
-    def __init__(self, tokenizer, out=sys.stdout) -> None:
-        self.tokenizer, self.out = tokenizer, out
+    def __init__(self, tokenizer, out=None) -> None:
+        self.tokenizer, self.out = tokenizer, out or sys.stdout
         self.ids: list[int] = []
         self.printed = ""
 

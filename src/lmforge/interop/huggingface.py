@@ -96,6 +96,7 @@ def load_hf(path: str | os.PathLike, device: str | torch.device | None = None) -
             w = state.get("classifier.weight")
             num_labels = int(w.shape[0]) if w is not None else len(hf.get("id2label") or {0: 0, 1: 1})
         model = build_model(config, SUPPORTED[arch], num_labels)
+        check_shapes(state, model, source)
         prefix = "" if arch == "BertModel" else "encoder."
         tensors, unused = bert.weights_from_hf(state, config.n_layers, prefix, source)
         # BertForMaskedLM / ...TokenClassification checkpoints carry no pooler (and no NSP head).
@@ -103,6 +104,7 @@ def load_hf(path: str | os.PathLike, device: str | torch.device | None = None) -
     else:
         config = gpt2.config_from_hf(hf, str(cfg_file))
         model = build_model(config, "Decoder")
+        check_shapes(state, model, source)
         tensors, unused = gpt2.weights_from_hf(state, config.n_layers, config.tie_embeddings, source)
     if unused:
         more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
@@ -114,6 +116,28 @@ def load_hf(path: str | os.PathLike, device: str | torch.device | None = None) -
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def hf_name(key: str) -> str:
+    """A HF tensor name without its optional model prefix (``bert.``, ``transformer.``)."""
+    return bert.normalise_keys({key.removeprefix("transformer."): None}).popitem()[0]
+
+
+def check_shapes(state: dict[str, torch.Tensor], model: nn.Module, source: str) -> None:
+    """Compare the checkpoint's tensors with those our model would export, by their HF names."""
+    c = model.config
+    ours = state_dict_untied(model)
+    if isinstance(c, EncoderConfig):
+        want = bert.weights_to_hf(ours, c.n_layers, "" if type(model).__name__ == "Encoder" else "encoder.")
+    else:
+        want = gpt2.weights_to_hf(ours, c.n_layers, c.tie_embeddings)
+    present = {hf_name(k): k for k in state}
+    for name, tensor in want.items():  # in the model's order: the first misfit is reported
+        key, expected = present.get(hf_name(name)), tuple(tensor.shape)
+        if key is not None and tuple(state[key].shape) != expected:
+            value = state[key]
+            raise LmforgeError(f"{source}: tensor {key!r} has shape {tuple(value.shape)} but the config "
+                               f"expects {expected}")
 
 
 def copy_tokenizer_files(src: Path, out: Path) -> list[str]:

@@ -25,30 +25,41 @@ from lmforge.tokenizers.train import count_words, learn_merges, progress_bar
 Span = tuple[int, int]
 
 
-def apply_merges(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], tuple[int, int]]) -> None:
-    """Merge ``ids`` in place by rank: the adjacent pair learned first, everywhere, until none applies.
+def merge_once(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], tuple[int, int]]) -> bool:
+    """One step of BPE encoding: merge the adjacent pair learned first, everywhere; False if none applies.
 
     ``ranks`` maps a pair to ``(rank, merged id)``; ``spans`` (character spans) merge alongside.
+
+    >>> ids, spans = [0, 1, 0, 1], [(0, 1), (1, 2), (2, 3), (3, 4)]
+    >>> merge_once(ids, spans, {(0, 1): (0, 3), (1, 0): (1, 4)}), ids, spans
+    (True, [3, 3], [(0, 2), (2, 4)])
+    """
+    best = None
+    for pair in zip(ids, ids[1:]):
+        found = ranks.get(pair)
+        if found is not None and (best is None or found[0] < best[0]):
+            best, pair_best = found, pair
+    if best is None:
+        return False
+    a, b = pair_best
+    j = 0
+    while j < len(ids) - 1:
+        if ids[j] == a and ids[j + 1] == b:
+            ids[j:j + 2] = [best[1]]
+            spans[j:j + 2] = [(spans[j][0], spans[j + 1][1])]
+        j += 1
+    return True
+
+
+def apply_merges(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], tuple[int, int]]) -> None:
+    """Encode one word in place: ``merge_once`` until no learned pair is left.
 
     >>> ids, spans = [0, 1, 1, 2], [(0, 1), (1, 2), (2, 3), (3, 4)]
     >>> apply_merges(ids, spans, {(0, 1): (0, 3), (3, 1): (1, 4)}); ids, spans
     ([4, 2], [(0, 3), (3, 4)])
     """
-    while len(ids) > 1:
-        best = None
-        for pair in zip(ids, ids[1:]):
-            found = ranks.get(pair)
-            if found is not None and (best is None or found[0] < best[0]):
-                best, pair_best = found, pair
-        if best is None:
-            return
-        a, b = pair_best
-        j = 0
-        while j < len(ids) - 1:
-            if ids[j] == a and ids[j + 1] == b:
-                ids[j:j + 2] = [best[1]]
-                spans[j:j + 2] = [(spans[j][0], spans[j + 1][1])]
-            j += 1
+    while len(ids) > 1 and merge_once(ids, spans, ranks):
+        pass
 
 
 class BPETokenizer(Tokenizer):

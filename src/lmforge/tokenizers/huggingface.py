@@ -18,7 +18,7 @@ from typing import Any
 
 from lmforge.errors import LmforgeError
 from lmforge.tokenizers.base import Tokenizer
-from lmforge.tokenizers.bpe import BPETokenizer
+from lmforge.tokenizers.bpe import BPETokenizer, merge_once
 from lmforge.tokenizers.byte_bpe import ByteLevelBPETokenizer
 from lmforge.tokenizers.normalize import BertNormalizer
 from lmforge.tokenizers.pretokenize import GPT4_SPLIT
@@ -169,21 +169,35 @@ def to_huggingface(tok: Tokenizer) -> dict[str, Any]:
     return out
 
 
+def _ends_open(tok: BPETokenizer, token: str) -> bool:
+    """Whether ``token``, ending a word, is ever formed apart from ``</w>`` (before being glued to it).
+
+    Replays the encoding of the word ``token`` merge by merge and looks for ``[token, </w>]``.
+    """
+    ids, spans = tok._symbols(token)
+    target = [tok.vocab[token], tok.vocab[tok.end_of_word]]  # type: ignore[index]
+    while ids != target and len(ids) > 1 and merge_once(ids, spans, tok.ranks):
+        pass
+    return ids == target
+
+
 def _suffix_form(tok: BPETokenizer) -> dict[str, Any]:
     """Sennrich BPE in Hugging Face's form, where the marker is glued to each word's last character.
 
     Our words end with a separate ``</w>`` symbol; Hugging Face starts from ``c</w>``. The same
-    segmentations follow if: every ``c</w>`` exists; a merge ``(x, </w>)`` is dropped (already
-    glued); and a merge ``(a, b)`` learned while ``b`` still stood apart from ``</w>`` also applies
-    at the end of a word, as ``(a, b</w>)``.
+    segmentations follow if every ``c</w>`` exists, a merge ``(x, </w>)`` is dropped (already
+    glued), and a merge ``(a, b)`` that at the end of a word happens while ``b`` still stands apart
+    from ``</w>`` (``b`` forms apart, and is glued later or never) also applies there, as
+    ``(a, b</w>)``, at the same rank.
     """
     eow = tok.end_of_word
     if not eow:
         return {}
-    closed_at = {a: r for r, (a, b) in enumerate(tok.merges) if b == eow}
+    glued_at = {a: r for r, (a, b) in enumerate(tok.merges) if b == eow}
     vocab = dict(tok.vocab)
     merges: list[list[str]] = []
     seen: set[tuple[str, str]] = set()
+    open_cache: dict[str, bool] = {}
 
     def add(a: str, b: str) -> None:
         for t in (a, b, a + b):
@@ -196,10 +210,14 @@ def _suffix_form(tok: BPETokenizer) -> dict[str, Any]:
         if b == eow:
             continue
         add(a, b)
-        if not b.endswith(eow) and closed_at.get(b, len(tok.merges)) > r:
+        if b.endswith(eow) or glued_at.get(b, len(tok.merges)) < r:
+            continue
+        if b not in open_cache:
+            open_cache[b] = _ends_open(tok, b)
+        if open_cache[b]:
             add(a, b + eow)
     for t in list(tok.vocab):
-        if t != eow and not t.endswith(eow) and len(t) == 1:
+        if len(t) == 1 and t not in tok.special_tokens:
             vocab.setdefault(t + eow, len(vocab))
     return {"end_of_word_suffix": eow, "vocab": vocab, "merges": merges}
 

@@ -25,6 +25,7 @@ from lmforge.tokenizers.train import count_words, learn_merges, progress_bar
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BERT_ROLES = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+CLEANUP = frozenset(".,?!")  # tokens the decoder glues to the previous one
 BERT_TEMPLATE = {"single": ["[CLS]", "$A", "[SEP]"], "pair": ["[CLS]", "$A", "[SEP]", "$B:1", "[SEP]:1"]}
 
 
@@ -102,16 +103,14 @@ class WordPieceTokenizer(Tokenizer):
     def _decode_plain(self, tokens: list[str]) -> str:
         """Join pieces: ``##`` pieces glue to the previous one, others get a space.
 
-        With ``cleanup``, spaces before punctuation and in contractions go (as Hugging Face).
+        With ``cleanup`` (as Hugging Face, token by token), ``. , ? !`` get no space before them.
+
+        >>> WordPieceTokenizer(["[UNK]", "un", "##able", ","])._decode_plain(["un", "##able", ",", "un"])
+        'unable, un'
         """
-        n = len(self.prefix)
-        text = "".join(t[n:] if t.startswith(self.prefix) else " " + t for t in tokens).lstrip(" ")
-        if self.cleanup:
-            for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
-                                  (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
-                                  (" 're", "'re")):
-                text = text.replace(before, after)
-        return text
+        n, tight = len(self.prefix), CLEANUP if self.cleanup else ()
+        return "".join(t[n:] if t.startswith(self.prefix) else t if t in tight else " " + t
+                       for t in tokens).lstrip(" ")
 
     # ---- training ----------------------------------------------------------------------------
     @classmethod

@@ -182,13 +182,17 @@ def prune(root: Path, keep_last: int, keep: str) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
-    """The checkpoint ``latest`` names (or, if that file is gone, the newest complete one); None if none."""
+def latest_checkpoint(run_dir: Path, clean: bool = False) -> Checkpoint | None:
+    """The checkpoint ``latest`` names (or, if that file is gone, the newest complete one); None if none.
+
+    clean: also delete what an interrupted save left (``.tmp-*`` / ``.old-*`` directories).
+    """
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return None
-    for stale in root.glob(".tmp-*"):  # a save that was interrupted before its rename
-        shutil.rmtree(stale, ignore_errors=True)
+    if clean:
+        for stale in [*root.glob(".tmp-*"), *root.glob(".old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
     pointer = root / "latest"
     candidates = []
     if pointer.is_file():

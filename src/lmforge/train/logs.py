@@ -13,15 +13,12 @@ dropped, so the log and the plot read as one uninterrupted run.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from lmforge.train.config import write_text_atomic
-
-log = logging.getLogger("lmforge.train")
 
 
 def info(message: str) -> None:

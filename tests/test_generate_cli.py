@@ -1,0 +1,70 @@
+"""``lmforge generate``: streamed text and --json output agree with the Python API."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from lmforge.cli import main
+from lmforge.generate import generate
+from lmforge.generate_cli import TextStream
+from lmforge.models import Decoder, get_preset
+from lmforge.models.registry import save_pretrained
+from lmforge.tokenizers import ByteLevelBPETokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    text = ["the quick brown fox jumps over the lazy dog, and the dog sleeps in the sun."] * 20
+    tok = ByteLevelBPETokenizer.train(text, vocab_size=300)
+    config = get_preset("gpt-tiny", vocab_size=tok.vocab_size, eos_id=tok.special_tokens["<|endoftext|>"])
+    torch.manual_seed(0)
+    model = Decoder(config).eval()
+    folder = tmp_path_factory.mktemp("gpt")
+    save_pretrained(model, folder, tokenizer=tok)
+    return folder, model, tok
+
+
+def test_streamed_text_equals_api(model_dir, capsys) -> None:
+    folder, model, tok = model_dir
+    args = ["generate", "--model", str(folder), "--prompt", "the dog", "--max-new-tokens", "12"]
+    assert main([*args, "--temperature", "0.9", "--top-k", "50", "--seed", "3"]) == 0
+    out = capsys.readouterr()
+    expected = generate(model, torch.tensor([tok.encode("the dog").ids]), max_new_tokens=12, temperature=0.9,
+                        top_k=50, seed=3).to_lists()[0]
+    assert out.out == tok.decode(expected, skip_special_tokens=True) + "\n"
+    assert "tokens/s" in out.err
+
+
+def test_json_lines_from_stdin(model_dir, capsys, monkeypatch) -> None:
+    folder, model, tok = model_dir
+    monkeypatch.setattr("sys.stdin", io.StringIO("the dog\nthe quick fox\n"))
+    assert main(["generate", "--model", str(folder), "--json", "--beams", "3", "--max-new-tokens", "6"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["prompt"] for line in lines] == ["the dog", "the quick fox"]
+    best = generate(model, torch.tensor([tok.encode("the quick fox").ids]), max_new_tokens=6, beams=3)
+    assert lines[1]["ids"] == best.to_lists()[0]
+    assert lines[1]["text"] == tok.decode(lines[1]["ids"], skip_special_tokens=True)
+
+
+def test_bad_option_is_one_line_error(model_dir, capsys) -> None:
+    folder, _, _ = model_dir
+    assert main(["generate", "--model", str(folder), "--prompt", "x", "--top-p", "2", "--temperature", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lmforge: error:") and "top_p" in err and len(err.strip().splitlines()) == 1
+
+
+def test_text_stream_holds_back_split_characters() -> None:
+    tok = ByteLevelBPETokenizer.train(["plain ascii text"] * 5, vocab_size=270)
+    ids = tok.encode("é!").ids  # é is two bytes: two tokens in a byte-level vocabulary this small
+    out = io.StringIO()
+    stream = TextStream(tok, out)
+    stream.add(ids[0])
+    assert out.getvalue() == ""  # half a character: nothing printed yet
+    for i in ids[1:]:
+        stream.add(i)
+    stream.close()
+    assert out.getvalue() == "é!\n"
