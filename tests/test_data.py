@@ -241,3 +241,16 @@ def test_seq2seq_teacher_forcing_alignment(tmp_path):
         assert batch["tgt_ids"][i, :n].tolist() == [bos, *y]
         assert batch["labels"][i, :n].tolist() == [*y, eos]
         assert (batch["labels"][i, n:] == IGNORE).all()
+
+
+def test_nsp_on_a_one_document_split_borrows_negatives_from_training(corpus, tmp_path):
+    root, tok, _ = corpus
+    train = TokenShard.open(root, "train", tok)
+    (tmp_path / "one").mkdir()
+    paths, _ = write_docs(tmp_path / "one", n_docs=1)
+    prepare_corpus(paths, tok, tmp_path / "single", val_fraction=0.0, workers=1, progress=False)
+    single = TokenShard.open(tmp_path / "single", "train", tok)
+    assert single.n_docs == 1
+    source = MaskedLMSource(train, SpecialIds.from_tokenizer(tok), 32, 24, eval_shard=single, n_eval_batches=2)
+    for batch in source.eval_batches():
+        assert batch["next_sentence_label"].sum() > 0

@@ -81,8 +81,12 @@ def test_minilm_matches_transformers_bert(minilm):
         ref = hf(**batch, output_hidden_states=True, output_attentions=True)
         fast = model(ids, mask, types)
         slow = model(ids, mask, types, output_hidden_states=True, output_attentions=True)
-    assert max_diff(fast.last_hidden_state, ref.last_hidden_state) < 1e-5
-    assert max_diff(slow.last_hidden_state, ref.last_hidden_state) < 1e-5
+    # Real tokens agree to ~1.4e-6. Padded positions are never used (masked as keys, dropped by pooling)
+    # and carry rounding noise of ~1.5e-5: transformers' own eager and SDPA paths differ there by 1.4e-5.
+    real = mask.bool()
+    assert max_diff(fast.last_hidden_state[real], ref.last_hidden_state[real]) < 1e-5
+    assert max_diff(slow.last_hidden_state[real], ref.last_hidden_state[real]) < 1e-5
+    assert max_diff(fast.last_hidden_state, ref.last_hidden_state) < 1e-4
     assert max_diff(fast.pooled, ref.pooler_output) < 1e-5
     # sentence-transformers' mean pooling over real tokens
     m = mask[..., None].float()
@@ -90,7 +94,7 @@ def test_minilm_matches_transformers_bert(minilm):
     ref_mean = (ref.last_hidden_state * m).sum(1) / m.sum(1)
     assert max_diff(ours_mean, ref_mean) < 1e-5
     assert len(slow.hidden_states) == len(ref.hidden_states) == 7
-    assert max(max_diff(a, b) for a, b in zip(slow.hidden_states, ref.hidden_states, strict=True)) < 1e-5
+    assert max(max_diff(a[real], b[real]) for a, b in zip(slow.hidden_states, ref.hidden_states, strict=True)) < 1e-5
     assert len(slow.attentions) == 6 and slow.attentions[0].shape == ref.attentions[0].shape
     assert max(max_diff(a, b) for a, b in zip(slow.attentions, ref.attentions, strict=True)) < 1e-5
 

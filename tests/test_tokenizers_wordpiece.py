@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -131,7 +132,7 @@ def naive_wordpiece(words, freqs, tokens, vocab_size):
         for w, f in zip(words, freqs, strict=True):
             for s in w:
                 symbols[s] += f
-            for p in zip(w, w[1:]):
+            for p in pairwise(w):
                 pairs[p] += f
         if not pairs:
             break

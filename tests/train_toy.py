@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +23,10 @@ from lmforge.train import TrainConfig, train
 VOCAB = 32
 
 
-class ToyOutput:
-    def __init__(self, loss: torch.Tensor, logits: torch.Tensor) -> None:
-        self.loss, self.logits = loss, logits
+@dataclass
+class ToyOutput:  # a dataclass, like lmforge's ModelOutput: FSDP finds the tensors inside it
+    loss: torch.Tensor | None
+    logits: torch.Tensor
 
 
 class ToyLM(nn.Module):

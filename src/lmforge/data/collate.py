@@ -185,10 +185,13 @@ class MaskedLMSource(_Source):
         a, after = self.segment(shard, doc, start, max(1, int(rng.integers(1, budget))))
         is_random = after >= end or rng.random() < 0.5
         if is_random:
-            other = int(rng.integers(shard.n_docs - 1))
-            other += other >= doc  # any document but this one
-            lo, hi = shard.doc_line_range(other)
-            b, _ = self.segment(shard, other, int(rng.integers(lo, hi)), budget)
+            # Any document but this one; a split of one document (a small validation set) borrows
+            # its negatives from the training documents.
+            pool = shard if shard.n_docs >= 2 else self.shard
+            other = int(rng.integers(pool.n_docs - (pool is shard)))
+            other += pool is shard and other >= doc
+            lo, hi = pool.doc_line_range(other)
+            b, _ = self.segment(pool, other, int(rng.integers(lo, hi)), budget)
         else:
             b, _ = self.segment(shard, doc, after, budget)
         a, b = truncate_longest_first(a, b, budget)

@@ -397,6 +397,8 @@ class Tokenizer:
                                         roles=data.get("roles", {}), template=data.get("template"))
         except KeyError as err:
             raise LmforgeError(f"{source}: missing field {err.args[0]!r}") from None
+        except LmforgeError as err:
+            raise LmforgeError(f"{source}: {err}") from None
         except (TypeError, ValueError, AttributeError) as err:
             raise LmforgeError(f"{source}: malformed tokenizer ({err})") from None
 

@@ -15,7 +15,8 @@ Encoding replays the merges on each word, lowest rank (earliest learned) first.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from itertools import pairwise
+from typing import Any, ClassVar
 
 from lmforge.errors import LmforgeError
 from lmforge.tokenizers.base import Tokenizer, WordPieces
@@ -35,7 +36,7 @@ def merge_once(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], t
     (True, [3, 3], [(0, 2), (2, 4)])
     """
     best = None
-    for pair in zip(ids, ids[1:]):
+    for pair in pairwise(ids):
         found = ranks.get(pair)
         if found is not None and (best is None or found[0] < best[0]):
             best, pair_best = found, pair
@@ -71,8 +72,8 @@ class BPETokenizer(Tokenizer):
 
     kind = "bpe"
     special_joiner = " "
-    default_specials = ("<pad>", "<unk>", "<s>", "</s>")
-    default_roles = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+    default_specials: ClassVar[tuple[str, ...]] = ("<pad>", "<unk>", "<s>", "</s>")
+    default_roles: ClassVar[dict[str, str]] = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
     def __init__(self, tokens: Sequence[str], merges: Iterable[tuple[str, str]], *,
                  end_of_word: str | None = "</w>", glued: bool = False, pattern: str = "whitespace",

@@ -14,7 +14,7 @@ so ``decode(encode(s)) == s`` for every string.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from lmforge.tokenizers.bpe import BPETokenizer, Span
 
@@ -75,8 +75,8 @@ class ByteLevelBPETokenizer(BPETokenizer):
 
     kind = "byte-bpe"
     special_joiner = ""
-    default_specials = ("<|endoftext|>",)
-    default_roles = {"bos": "<|endoftext|>", "eos": "<|endoftext|>", "pad": "<|endoftext|>"}
+    default_specials: ClassVar[tuple[str, ...]] = ("<|endoftext|>",)
+    default_roles: ClassVar[dict[str, str]] = {"bos": "<|endoftext|>", "eos": "<|endoftext|>", "pad": "<|endoftext|>"}
 
     def __init__(self, tokens: Sequence[str], merges: Sequence[tuple[str, str]], *,
                  pattern: str = "gpt2", end_of_word: str | None = None, **base: Any) -> None:

@@ -101,6 +101,10 @@ def from_huggingface(data: dict[str, Any], source: str = "tokenizer.json") -> To
         return BPETokenizer(tokens, merges, end_of_word=eow, glued=eow is not None, **base)
     except KeyError as err:
         raise LmforgeError(f"{source}: missing field {err.args[0]!r}") from None
+    except LmforgeError as err:
+        if str(err).startswith(source):
+            raise
+        raise LmforgeError(f"{source}: {err}") from None
     except (TypeError, ValueError, AttributeError, StopIteration) as err:
         raise LmforgeError(f"{source}: malformed Hugging Face tokenizer ({err})") from None
 

@@ -3,10 +3,12 @@
 A normalizer returns the new text and, for every character of it, the index of the character of
 the original text it came from, so that token offsets always point into what the user typed.
 
-    >>> BertNormalizer()("Héllo\\tWORLD")
+    >>> BertNormalizer()("Hello\\tWORLD")
     ('hello world', None)
+    >>> BertNormalizer()("Héllo\\x07!")
+    ('hello!', [0, 1, 2, 3, 4, 6])
 
-(``None`` stands for the identity map: here every character maps to itself.)
+(``None`` stands for the identity map: every character maps to itself.)
 """
 
 from __future__ import annotations

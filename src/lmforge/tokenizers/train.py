@@ -26,6 +26,7 @@ import multiprocessing
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from itertools import pairwise
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
@@ -112,7 +113,7 @@ def pair_counts(words: Sequence[Sequence[int]], freqs: Sequence[int]) -> dict[tu
     """
     counts: dict[tuple[int, int], int] = defaultdict(int)
     for word, f in zip(words, freqs, strict=True):
-        for pair in zip(word, word[1:]):
+        for pair in pairwise(word):
             counts[pair] += f
     return dict(counts)
 
@@ -166,7 +167,7 @@ def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], vo
     counts: dict[tuple[int, int], int] = defaultdict(int)
     where: dict[tuple[int, int], set[int]] = defaultdict(set)
     for i, (word, f) in enumerate(zip(words, freqs, strict=True)):
-        for pair in zip(word, word[1:]):
+        for pair in pairwise(word):
             counts[pair] += f
             where[pair].add(i)
     symbols: dict[int, int] = defaultdict(int)
@@ -206,7 +207,7 @@ def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], vo
             word = words[i]
             k = merge_word(word, a, b, new, freqs[i], delta)
             if k:
-                for q in zip(word, word[1:]):
+                for q in pairwise(word):
                     if new in q:
                         where[q].add(i)
             if wordpiece and k:

@@ -124,7 +124,7 @@ def wrap(model: nn.Module, env: DistEnv, device: torch.device, fsdp: bool, use_d
         # use_orig_params keeps the model's own parameters visible, so the AdamW groups (decay or not)
         # can be built after wrapping exactly as for one process.
         return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
-                    device_id=device if device.type == "cuda" else None)
+                    device_id=device)  # CPU works too (gloo), for tests
     if not use_ddp:
         raise LmforgeError("train.ddp is false but WORLD_SIZE > 1: set train.ddp=true or train.fsdp=true")
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
@@ -157,40 +157,39 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def _full_options(offload: bool = True):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=offload)
+
+
 def full_state_dict(model: nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
     """The whole model's weights on CPU (FSDP: gathered to rank 0; other ranks get an empty dict)."""
     if is_fsdp(model):
-        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg):
-            state = model.state_dict()
+        state = get_model_state_dict(model, options=_full_options())  # collective
         return state if env.is_main else {}
-    return {k: v.detach().cpu() for k, v in unwrap(model).state_dict(keep_vars=False).items()}
+    return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's state, gathered across processes under FSDP (collective: every rank calls it)."""
-    if is_fsdp(model):
-        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    """The optimizer's state, gathered to rank 0 under FSDP (collective: every rank calls it).
 
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=True),
-                                  FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)):
-            return FSDP.optim_state_dict(model, optimizer)
+    FSDP's full optimizer state is keyed by parameter name, a plain state_dict by parameter index.
+    """
+    if is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=_full_options())
     return optimizer.state_dict()
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Inverse of ``full_optimizer_state``: each FSDP rank keeps its own shard of the full state."""
     if is_fsdp(model):
-        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=False),
-                                  FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=False)):
-            state = FSDP.optim_state_dict_to_load(model, optimizer, state)
+        set_optimizer_state_dict(model, optimizer, state, options=_full_options(offload=False))
+        return
     optimizer.load_state_dict(state)
