@@ -86,9 +86,9 @@ def test_seq2seq_on_tsv_pairs(tmp_path):
 
 
 def test_bad_recipes_name_the_key(tmp_path, text_files):
-    with pytest.raises(LmforgeError, match="data.objective"):
+    with pytest.raises(LmforgeError, match=r"data\.objective"):
         pretrain({"data": {"objective": "gan", "files": text_files}}, tmp_path / "a")
-    with pytest.raises(LmforgeError, match="data.seqlen: unknown key"):
+    with pytest.raises(LmforgeError, match=r"data\.seqlen: unknown key"):
         pretrain({"data": {"files": text_files, "seqlen": 3}}, tmp_path / "b")
     bad = tmp_path / "bad.tsv"
     bad.write_text("one\ttwo\nthree\n")
