@@ -30,9 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+# Python puts this script's folder first on sys.path, where bench/tokenizers.py would shadow the
+# `tokenizers` package that transformers imports: take the folder off the path.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import torch  # noqa: E402
 
 from lmforge.generate import generate  # noqa: E402
 from lmforge.models import Decoder, DecoderConfig, EncoderConfig  # noqa: E402
@@ -70,9 +72,11 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int) -> 
     return 2 * n**3 / best
 
 
-def matmul_weights(model: torch.nn.Module) -> int:
-    """Weights that take part in matmuls: every nn.Linear (tied LM heads included), no embeddings tables."""
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+def matmul_weights(s: Sizes, mlm: bool = False) -> int:
+    """N, the weights that take part in matmuls: per layer W_qkv, W_o (4 d²) and the FFN (2 d d_ff), plus the
+    vocabulary projection (V d, tied or not) and, for BERT's MLM head, its d x d transform. No embedding lookups.
+    """
+    return s.layers * (4 * s.d * s.d + 2 * s.d * s.ff) + s.vocab * s.d + (s.d * s.d if mlm else 0)
 
 
 # -- the models, built from the same sizes --------------------------------------------------------
@@ -161,9 +165,9 @@ def train_row(name: str, pair, batch: int, seq: int, s: Sizes, args, device, pea
     else:
         ids = torch.randint(0, s.vocab, (batch, seq), generator=torch.Generator().manual_seed(0)).to(device)
         labels = ids
-    n_ours, n_hf = matmul_weights(ours), matmul_weights(hf)
-    print(f"{name}: matmul weights lmforge {n_ours:,} transformers {n_hf:,}", file=sys.stderr)
-    flops_per_token = 6 * n_hf + 12 * s.layers * seq * s.d
+    n_ours, n_hf = (sum(p.numel() for p in m.parameters()) for m in pair)
+    print(f"{name}: parameters lmforge {n_ours:,} transformers {n_hf:,}", file=sys.stderr)
+    flops_per_token = 6 * matmul_weights(s, mlm=name.startswith("BERT")) + 12 * s.layers * seq * s.d
     best = alternate({"lmforge": train_step_fn(ours, ids, labels, device, amp),
                       "transformers": train_step_fn(hf, ids, labels, device, amp)},
                      args.warmup, args.rounds, args.steps, device)
@@ -190,7 +194,7 @@ def generation_row(s: Sizes, args, device, peak: float) -> dict:
         b = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     assert a.shape[1] == b.shape[1] - prompt == new, "both libraries must generate every token"
     mean_context = prompt + new / 2
-    flops_per_token = 2 * matmul_weights(hf) + 4 * s.layers * mean_context * s.d
+    flops_per_token = 2 * matmul_weights(s) + 4 * s.layers * mean_context * s.d
     best = alternate({"lmforge": run_ours, "transformers": run_hf}, 1, args.gen_rounds, 1, device)
     return row(f"GPT generation, KV cache (batch 1, prompt {prompt}, {new} new)", new / best["lmforge"],
                new / best["transformers"], flops_per_token, peak)

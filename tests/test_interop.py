@@ -248,8 +248,8 @@ def test_bert_checkpoint_with_wrong_shape_is_named(bert_dir, tmp_path):
 def test_unsupported_architecture_lists_the_supported_ones(gpt2_dir, tmp_path):
     shutil.copytree(gpt2_dir, tmp_path, dirs_exist_ok=True)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(LmforgeError, match="unsupported architecture 'LlamaForCausalLM'; supported: BertModel.*"
-                                           "GPT2LMHeadModel"):
+    with pytest.raises(LmforgeError, match=r"unsupported architecture 'LlamaForCausalLM'; supported: BertModel.*"
+                                           r"GPT2LMHeadModel"):
         lmforge.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(LmforgeError, match="unsupported model_type 't5'"):
@@ -259,12 +259,12 @@ def test_unsupported_architecture_lists_the_supported_ones(gpt2_dir, tmp_path):
 def test_missing_weights_and_bad_directories(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8, "n_layer": 1,
                                                       "n_head": 2, "vocab_size": 10}))
-    with pytest.raises(LmforgeError, match="no model.safetensors or pytorch_model.bin"):
+    with pytest.raises(LmforgeError, match=r"no model.safetensors or pytorch_model.bin"):
         load_hf(tmp_path)
     with pytest.raises(LmforgeError, match="not a model directory"):
         lmforge.load(tmp_path / "missing-dir")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(LmforgeError, match="no config.json"):
+    with pytest.raises(LmforgeError, match=r"no config.json"):
         lmforge.load(tmp_path / "empty")
     assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no model.safetensors" in capsys.readouterr().err
@@ -278,5 +278,5 @@ def test_missing_tensor_is_named(tmp_path):
     state = load_file(tmp_path / "model.safetensors")
     del state["layers.1.norm2.bias"]
     save_file(state, tmp_path / "model.safetensors")
-    with pytest.raises(LmforgeError, match="missing tensor.*layers.1.norm2.bias"):
+    with pytest.raises(LmforgeError, match=r"missing tensor.*layers.1.norm2.bias"):
         lmforge.load(tmp_path)

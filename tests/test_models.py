@@ -46,7 +46,7 @@ def test_config_round_trips_through_config_json(tmp_path, name):
 
 
 def test_config_errors_name_the_field(tmp_path):
-    with pytest.raises(LmforgeError, match="unknown DecoderConfig field.*n_embd"):
+    with pytest.raises(LmforgeError, match=r"unknown DecoderConfig field.*n_embd"):
         DecoderConfig.from_dict({"vocab_size": 10, "n_embd": 4})
     with pytest.raises(LmforgeError, match="d_model=10 is not divisible by n_heads=4"):
         get_preset("bert-tiny", d_model=10)
@@ -55,7 +55,7 @@ def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(LmforgeError, match="kind is 'decoder', expected 'encoder'"):
         EncoderConfig.from_dict(DecoderConfig(vocab_size=5).to_dict())
     (tmp_path / "config.json").write_text("{oops")
-    with pytest.raises(LmforgeError, match="config.json: not valid JSON"):
+    with pytest.raises(LmforgeError, match=r"config.json: not valid JSON"):
         load_config(tmp_path)
 
 

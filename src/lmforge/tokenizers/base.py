@@ -39,7 +39,9 @@ class Encoding:
 
     ``offsets`` are character spans into the original text (of the sequence the token came from;
     ``(0, 0)`` for added special tokens), ``word_ids`` the index of the pre-tokenized word
-    (``None`` for special tokens), ``type_ids`` 0 for the first sequence and 1 for the second.
+    (``None`` for special tokens), ``type_ids`` 0 for the first sequence and 1 for the second,
+    ``special_tokens_mask`` 1 for tokens the template or padding added and for special tokens
+    recognised in the text (never for ordinary text, even an ``[UNK]``), ``attention_mask`` 0 for padding.
     """
 
     ids: list[int] = field(default_factory=list)
@@ -205,22 +207,37 @@ class Tokenizer:
             out.extend(entry[0])
         return out
 
-    def _encode_plain(self, text: str, base: int, enc: Encoding, first_word: int) -> int:
-        """Append the tokens of ``text`` (which starts at ``base`` in the input); return the next word id."""
+    def _encode_plain(self, text: str, base: int, enc: Encoding, word: int) -> int:
+        """Append the tokens of ``text`` (which starts at ``base`` in the input); return the next word id.
+
+        The hot loop of encoding: one cached lookup per word, the common one-token word special-cased.
+        """
         norm, index = self._normalize(text)
-        w = first_word - 1
-        for w, m in enumerate(self.pattern.finditer(norm), start=first_word):
-            ids, toks, spans = self._pieces(m.group())
+        cache, pieces = self._cache, self._pieces
+        ids_out, toks_out, offs_out, words_out = enc.ids, enc.tokens, enc.offsets, enc.word_ids
+        for m in self.pattern.finditer(norm):
+            entry = cache.get(m.group()) or pieces(m.group())
+            ids, toks, spans = entry
             start = m.start()
-            enc.ids.extend(ids)
-            enc.tokens.extend(toks)
-            enc.word_ids.extend([w] * len(ids))
             if index is None:
-                enc.offsets.extend([(base + start + s, base + start + e) for s, e in spans])
+                start += base
+                if len(ids) == 1:
+                    ids_out.append(ids[0])
+                    toks_out.append(toks[0])
+                    words_out.append(word)
+                    s, e = spans[0]
+                    offs_out.append((start + s, start + e))
+                    word += 1
+                    continue
+                offs_out.extend([(start + s, start + e) for s, e in spans])
             else:
-                enc.offsets.extend([(base + index[start + s], base + index[start + e - 1] + 1) if e > s
-                                    else (base + index[start + s - 1] + 1,) * 2 for s, e in spans])
-        return w + 1
+                offs_out.extend([(base + index[start + s], base + index[start + e - 1] + 1) if e > s
+                                 else (base + index[start + s - 1] + 1,) * 2 for s, e in spans])
+            ids_out.extend(ids)
+            toks_out.extend(toks)
+            words_out.extend([word] * len(ids))
+            word += 1
+        return word
 
     def _split_special(self, text: str, allowed: str | Iterable[str]) -> list[tuple[int, int, bool]]:
         """Cut ``text`` into (start, end, is_special) segments; special tokens only where allowed."""
@@ -245,19 +262,23 @@ class Tokenizer:
             raise LmforgeError(f"encode expects a string, got {type(text).__name__}")
         enc = Encoding()
         word = 0
+        specials = []
         for start, end, special in self._split_special(text, allowed_special):
             if special:
                 piece = text[start:end]
+                specials.append(len(enc.ids))
                 enc.ids.append(self.special_tokens[piece])
                 enc.tokens.append(piece)
                 enc.offsets.append((start, end))
                 enc.word_ids.append(None)
-            else:
-                word = self._encode_plain(text[start:end], start, enc, word)
+            elif end > start:
+                word = self._encode_plain(text[start:end] if end - start < len(text) else text, start, enc, word)
         n = len(enc.ids)
         enc.type_ids = [0] * n
         enc.attention_mask = [1] * n
-        enc.special_tokens_mask = [int(i in self._special_ids) for i in enc.ids]
+        enc.special_tokens_mask = [0] * n
+        for i in specials:
+            enc.special_tokens_mask[i] = 1
         return enc
 
     def _template_items(self, pair: bool, add_special_tokens: bool) -> list[tuple[str, int]]:

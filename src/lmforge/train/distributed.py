@@ -157,7 +157,12 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def _full_options(offload: bool = True):
+def _on_gpu(model: nn.Module) -> bool:
+    """Gather to CPU memory when the model is on a GPU (CPU offload of CPU tensors crashes FSDP1)."""
+    return any(p.is_cuda for p in model.parameters())
+
+
+def _full_options(offload: bool):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, cpu_offload=offload)
@@ -168,7 +173,7 @@ def full_state_dict(model: nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
     if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        state = get_model_state_dict(model, options=_full_options())  # collective
+        state = get_model_state_dict(model, options=_full_options(_on_gpu(model)))  # collective
         return state if env.is_main else {}
     return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
 
@@ -181,7 +186,7 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(model, optimizer, options=_full_options())
+        return get_optimizer_state_dict(model, optimizer, options=_full_options(_on_gpu(model)))
     return optimizer.state_dict()
 
 

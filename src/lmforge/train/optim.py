@@ -28,29 +28,48 @@ from torch import nn
 from lmforge.train.config import TrainConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def no_decay_names(model: nn.Module) -> set[str]:
+    """Names of the parameters that are not decayed: 1-dimensional ones and nn.Embedding tables.
+
+    Call it on the plain model: inside FSDP the parameters are flattened shards and their shapes lie.
+    """
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return {name for name, p in model.named_parameters(remove_duplicate=False)
+            if p.dim() < 2 or id(p) in embedding_ids}
+
+
+def clean_name(name: str) -> str:
+    """A parameter's name without the prefixes DDP, FSDP and torch.compile add."""
+    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def param_groups(model: nn.Module, weight_decay: float, no_decay: set[str] | None = None) -> list[dict]:
     """Split the trainable parameters into a decayed group and a not-decayed group (see the module doc).
+
+    no_decay: names from ``no_decay_names`` of the unwrapped model (default: computed from ``model``).
 
     >>> groups = param_groups(nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.LayerNorm(4)), 0.1)
     >>> [(g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in groups]
     [(0.1, [(4, 4)]), (0.0, [(10, 4), (4,), (4,), (4,)])]
     """
-    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
-    for p in model.parameters():  # parameters() already skips repeats of a tied tensor
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 and id(p) not in embedding_ids else no_decay).append(p)
+    no_decay = no_decay_names(model) if no_decay is None else no_decay
+    decay, keep = [], []
+    for name, p in model.named_parameters():  # a tied tensor is listed once, under its first name
+        if p.requires_grad:
+            (keep if clean_name(name) in no_decay else decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": keep, "weight_decay": 0.0},
     ]
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, config: TrainConfig, device: torch.device, no_decay: set[str] | None = None
+) -> torch.optim.AdamW:
     """AdamW over ``param_groups``; the fused kernel where the device has one (CPU and CUDA do)."""
-    groups = param_groups(model, config.weight_decay)
+    groups = param_groups(model, config.weight_decay, no_decay)
     kwargs = dict(lr=config.lr, betas=config.betas, eps=config.eps)
     try:
         return torch.optim.AdamW(groups, fused=device.type in ("cpu", "cuda"), **kwargs)

@@ -48,7 +48,7 @@ from lmforge.train.checkpoint import (
 from lmforge.train.config import TrainConfig, diff_recipes, save_recipe
 from lmforge.train.logs import RunLog, info
 from lmforge.train.metrics import EvalAccumulator, count_targets, count_tokens, label_shift
-from lmforge.train.optim import build_optimizer, lr_at, set_lr
+from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
 
 KILL_HOOK = "LMFORGE_TEST_KILL_AT_STEP"  # tests: SIGKILL this process right after finishing that step
 SHAPE_SECTIONS = ("model",)  # recipe sections that must match to resume a run
@@ -173,9 +173,10 @@ class Trainer:
         if ckpt is not None:
             load_weights(self.model, ckpt.weights(), ckpt.path / "model.safetensors")
         self.model.to(self.device)
+        no_decay = no_decay_names(self.model)  # before FSDP flattens the parameters
         self.wrapped = D.wrap(self.model, env, self.device, fsdp=cfg.fsdp, use_ddp=cfg.ddp)
         self.forward_model = torch.compile(self.wrapped) if cfg.compile else self.wrapped
-        self.optimizer = build_optimizer(self.wrapped, cfg, self.device)
+        self.optimizer = build_optimizer(self.wrapped, cfg, self.device, no_decay)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         if ckpt is None:
             seed_everything(cfg.seed + env.rank)  # dropout masks differ per process, repeat per run
