@@ -118,6 +118,9 @@ def test_left_padded_batch_equals_each_prompt_alone(kind: str, beams: int, gpt: 
     alone = [generate(model, torch.tensor([p]), max_new_tokens=10, beams=beams, stop_ids=[]).to_lists()[0]
              for p in prompts]
     assert batch == alone
+    if beams > 1:  # beam search reorders the cache every step: the uncached path must agree
+        plain = generate(model, ids, mask, max_new_tokens=10, beams=beams, stop_ids=[], use_cache=False)
+        assert plain.to_lists() == batch
 
 
 def test_pad_prompts() -> None:
@@ -164,6 +167,11 @@ def test_temperature_to_zero_is_greedy(gpt: Decoder) -> None:
     z = torch.tensor([[0.0, 1.0, 0.999]])  # very close runners-up: still argmax once T is small enough
     picks = {next_token(z, 1e-5, generator=torch.Generator().manual_seed(s)).item() for s in range(20)}
     assert picks == {1}
+
+
+def test_stream_leaves_no_inference_mode_behind(gpt: Decoder) -> None:
+    for _ in stream(gpt, torch.tensor([[1, 2, 3]]), max_new_tokens=2):
+        assert not torch.is_inference_mode_enabled()
 
 
 def test_same_seed_same_sample(gpt: Decoder) -> None:

@@ -280,3 +280,36 @@ def test_missing_tensor_is_named(tmp_path):
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(LmforgeError, match=r"missing tensor.*layers.1.norm2.bias"):
         lmforge.load(tmp_path)
+
+
+def test_own_directory_with_tokenizer_exports_a_tokenizer_transformers_reads(tmp_path):
+    tokenizers = pytest.importorskip("lmforge.tokenizers")
+    text = ["the cat sat on the mat", "the dog sat on the log", "a cat and a dog"] * 20
+    tok = tokenizers.WordPieceTokenizer.train(text, vocab_size=60, min_frequency=1)
+    model = Encoder(get_preset("bert-tiny", vocab_size=len(tok.id_to_token), dropout=0.0)).eval()
+    save_pretrained(model, tmp_path / "ours", tokenizer=tok)
+    loaded, loaded_tok = lmforge.load(tmp_path / "ours")
+    assert loaded_tok.encode("the cat sat").ids == tok.encode("the cat sat").ids
+    out = convert_to_hf(tmp_path / "ours", tmp_path / "hf")
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
+    assert hf_tok("the cat sat")["input_ids"] == tok.encode("the cat sat").ids
+    hf = transformers.BertModel.from_pretrained(out).eval()
+    ids = torch.tensor([tok.encode("the cat sat").ids])
+    with torch.no_grad():
+        assert max_diff(hf(ids).last_hidden_state, loaded(ids).last_hidden_state) < 1e-5
+
+
+@pytest.mark.parametrize("num_labels", [3])
+@pytest.mark.parametrize("kind", ["SequenceClassification", "TokenClassification"])
+def test_classifiers_both_ways(tmp_path, kind, num_labels):
+    import lmforge.models as models
+
+    model = getattr(models, f"EncoderFor{kind}")(get_preset("bert-tiny"), num_labels=num_labels).eval()
+    out = convert_to_hf(model, tmp_path)
+    hf = getattr(transformers, f"BertFor{kind}").from_pretrained(out).eval()
+    back = load_hf(out)
+    assert type(back) is type(model)
+    x = torch.randint(1, 1000, (2, 6))
+    with torch.no_grad():
+        assert max_diff(hf(x).logits, model(x).logits) < 1e-5
+        assert torch.equal(back(x).logits, model(x).logits)

@@ -142,3 +142,14 @@ def test_huggingface_export_segments_real_text_identically(shakespeare, tmp_path
     path.write_text(hf.to_str())
     back = load_tokenizer(path)
     assert back.glued and back.encode(text).tokens == theirs.tokens
+
+
+def test_toy_example_prints_the_seed_steps():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "bpe_toy.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+    assert "merge (a,b) = 4 -> A" in out and "merge (B,\\w) = 2 -> D" in out
+    assert "no pair occurs more than once: stop" in out

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.train import TrainConfig, train
+from lmforge.train import distributed as D
 
 VOCAB = 32
 
@@ -86,7 +87,8 @@ class ToySource:
         return out
 
     def eval_batches(self):
-        return [self.batch(-1 - i, 0) for i in range(2)]
+        """A fixed validation set: 2 batches of 4 rows, whatever the training batch size."""
+        return [ToySource(4, self.seq_len, self.seed).batch(-1 - i, 0) for i in range(2)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,14 +101,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--fsdp", action="store_true")
+    p.add_argument("--fsdp-out", help="then train again with FSDP into this directory (same processes)")
     args = p.parse_args(argv)
-    torch.manual_seed(0)
-    model = ToyLM(dropout=args.dropout)
-    config = TrainConfig(lr=1e-2, warmup_steps=2, max_steps=args.steps, batch_size=args.batch_size,
-                         grad_accum=args.grad_accum, save_every=args.save_every, eval_every=args.eval_every,
-                         log_every=1, keep_last=2, progress=False, plot=False, fsdp=args.fsdp)
-    result = train(model, ToySource(args.batch_size), config, args.out)
-    print(json.dumps({"loss": result.loss, "step": result.step, "resumed_from": result.resumed_from}))
+    runs = [(args.out, args.fsdp)] + ([(args.fsdp_out, True)] if args.fsdp_out else [])
+    env = D.detect()
+    created = D.init(env, torch.device("cpu"))  # one process group for all runs: trainers reuse it
+    try:
+        for out, fsdp in runs:
+            torch.manual_seed(0)
+            model = ToyLM(dropout=args.dropout)
+            config = TrainConfig(lr=1e-2, warmup_steps=2, max_steps=args.steps, batch_size=args.batch_size,
+                                 grad_accum=args.grad_accum, save_every=args.save_every,
+                                 eval_every=args.eval_every, log_every=1, keep_last=2, progress=False,
+                                 plot=False, fsdp=fsdp)
+            result = train(model, ToySource(args.batch_size), config, out)
+            if env.is_main:
+                print(json.dumps({"loss": result.loss, "step": result.step, "resumed_from": result.resumed_from}))
+    finally:
+        D.shutdown(created)
     return 0
 
 

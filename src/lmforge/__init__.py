@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from torch import nn
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what lmforge.tokenizers.load_tokenizer reads
 
 
 def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True) -> tuple[nn.Module, Any]:

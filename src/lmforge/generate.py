@@ -148,22 +148,24 @@ def stream(
     if generator is None and seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
     stop_tensor = torch.tensor(stop, device=input_ids.device)
+    # inference_mode is entered around each piece of work, not around the yield: a generator's context
+    # would otherwise stay active in the caller's code between steps.
     with torch.inference_mode():
         steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
-        if max_new_tokens == 0:
-            return
-        logits = steps.first()  # (B, V)
+        logits = steps.first() if max_new_tokens else None  # (B, V)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
-        for t in range(max_new_tokens):
+    for t in range(max_new_tokens):
+        with torch.inference_mode():
             if logits_out is not None:
                 logits_out.append(logits)
             tokens = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
             if stop:
                 tokens = tokens.masked_fill(finished, pad_id)
                 finished |= torch.isin(tokens, stop_tensor)
-            yield tokens
-            if t + 1 == max_new_tokens or (stop and bool(finished.all())):
-                return
+        yield tokens
+        if t + 1 == max_new_tokens or (stop and bool(finished.all())):
+            return
+        with torch.inference_mode():
             logits = steps.next(tokens)
 
 

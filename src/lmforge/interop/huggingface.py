@@ -110,6 +110,8 @@ def load_hf(path: str | os.PathLike, device: str | torch.device | None = None) -
         more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
         warnings.warn(f"{source}: ignored tensor(s) {', '.join(unused[:3])}{more}", stacklevel=2)
     absent = load_weights(model, tensors, source, optional)
+    if arch == "BertForTokenClassification":  # its pooler is unused: nothing to warn about
+        absent = [k for k in absent if ".pooler." not in k]
     if absent:
         warnings.warn(f"{source}: {', '.join(absent[:2])}... not in the checkpoint, initialised randomly",
                       stacklevel=2)
@@ -170,6 +172,8 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
     if isinstance(config, EncoderConfig):
         hf_config = bert.config_to_hf(config, arch, getattr(model, "num_labels", None))
         tensors = bert.weights_to_hf(state, config.n_layers, "" if arch == "Encoder" else "encoder.")
+        if arch == "EncoderForTokenClassification":  # BertForTokenClassification has no pooler
+            tensors = {k: v for k, v in tensors.items() if not k.startswith("bert.pooler.")}
     elif isinstance(config, DecoderConfig):
         hf_config = gpt2.config_to_hf(config)
         tensors = gpt2.weights_to_hf(state, config.n_layers, config.tie_embeddings)
@@ -178,5 +182,14 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
     save_weights(tensors, dst / WEIGHTS_NAME)
     write_text_atomic(dst / "config.json", json.dumps(hf_config, indent=2) + "\n")
     if not isinstance(path, nn.Module):
-        copy_tokenizer_files(Path(path), dst)
+        export_tokenizer(Path(path), dst)
     return dst
+
+
+def export_tokenizer(src: Path, dst: Path) -> None:
+    """Copy the tokenizer files; an lmforge-format tokenizer.json is rewritten in Hugging Face's format."""
+    copied = copy_tokenizer_files(src, dst)
+    if "tokenizer.json" in copied and read_json(src / "tokenizer.json").get("format") == "lmforge-tokenizer":
+        from lmforge.tokenizers import load_tokenizer, save_huggingface
+
+        save_huggingface(load_tokenizer(src / "tokenizer.json"), dst)

@@ -106,7 +106,8 @@ class TransformerLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, cross=True, **heads) if cross_attention else None
         self.norm_cross = nn.LayerNorm(d_model, eps=eps) if cross_attention else None
-        self.ffn = FeedForward(d_model, d_ff, activation, dropout, bias)
+        # Dropout on the FFN's output only (self.dropout below), as in Vaswani, BERT and GPT-2: not inside it.
+        self.ffn = FeedForward(d_model, d_ff, activation, 0.0, bias)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)
         self.dropout = nn.Dropout(dropout)
 

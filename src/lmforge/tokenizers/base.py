@@ -15,6 +15,7 @@ BPE and WordPiece, so the subclasses implement just that (``_word_pieces``) and 
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 from collections.abc import Iterable, Sequence
@@ -128,6 +129,7 @@ class Tokenizer:
         for role, token in (roles or {}).items():
             self.set_role(role, token)
         self._cache: dict[str, WordPieces] = {}
+        self._parsed_templates: dict[tuple[str, bool], tuple[list[str], list[tuple[str, int]]]] = {}
 
     # ---- vocabulary and special tokens -------------------------------------------------------
     @property
@@ -239,6 +241,20 @@ class Tokenizer:
             word += 1
         return word
 
+    def encode_ordinary_batch(self, texts: Sequence[str], workers: int = 1) -> list[list[int]]:
+        """``encode_ordinary`` for many texts, in ``workers`` processes (ids only: cheap to ship back)."""
+        global _WORKER_TOKENIZER
+        if workers <= 1 or len(texts) < 2:
+            return [self.encode_ordinary(t) for t in texts]
+        chunk = -(-len(texts) // (workers * 4))
+        _WORKER_TOKENIZER = self
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                parts = pool.map(_encode_ordinary_jobs, [texts[i:i + chunk] for i in range(0, len(texts), chunk)])
+        finally:
+            _WORKER_TOKENIZER = None
+        return [ids for part in parts for ids in part]
+
     def _split_special(self, text: str, allowed: str | Iterable[str]) -> list[tuple[int, int, bool]]:
         """Cut ``text`` into (start, end, is_special) segments; special tokens only where allowed."""
         if allowed == "none" or self._special_re is None:
@@ -260,7 +276,12 @@ class Tokenizer:
         """One sequence, without template tokens. ``allowed_special``: "none", "all" or a set of tokens."""
         if not isinstance(text, str):
             raise LmforgeError(f"encode expects a string, got {type(text).__name__}")
-        enc = Encoding()
+        enc = Encoding([], [], [], [], [], [], [])
+        if allowed_special == "none" or self._special_re is None:  # the common case, fast
+            self._encode_plain(text, 0, enc, 0)
+            n = len(enc.ids)
+            enc.type_ids, enc.attention_mask, enc.special_tokens_mask = [0] * n, [1] * n, [0] * n
+            return enc
         word = 0
         specials = []
         for start, end, special in self._split_special(text, allowed_special):
@@ -282,12 +303,17 @@ class Tokenizer:
         return enc
 
     def _template_items(self, pair: bool, add_special_tokens: bool) -> list[tuple[str, int]]:
-        items = self.template["pair" if pair else "single"] if add_special_tokens else \
-            NO_TEMPLATE["pair" if pair else "single"]
+        """The template as (name, type id) items: ``[("[CLS]", 0), ("$A", 0), ...]``."""
+        key = "pair" if pair else "single"
+        items = self.template[key] if add_special_tokens else NO_TEMPLATE[key]
+        cached = self._parsed_templates.get((key, add_special_tokens))
+        if cached is not None and cached[0] == items:
+            return cached[1]
         out = []
         for item in items:
             name, _, type_id = item.rpartition(":") if item.rpartition(":")[2].isdigit() else (item, "", "0")
             out.append((name, int(type_id)))
+        self._parsed_templates[(key, add_special_tokens)] = (list(items), out)
         return out
 
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
@@ -315,17 +341,38 @@ class Tokenizer:
                 n1, n2 = truncate_pair_lengths(len(first), len(second), room)
                 first.truncate(n1)
                 second.truncate(n2)
-        enc = Encoding()
-        for name, type_id in items:
-            if name in ("$A", "$B"):
-                enc.extend(first if name == "$A" else second, type_id)  # type: ignore[arg-type]
-            else:
-                enc.extend(Encoding([self.vocab[name]], [name], [(0, 0)], [None], [type_id], [1], [1]))
+        enc = self._apply_template(items, first, second)
         if padding not in (False, True, "longest", None):
             self.pad([enc], length=max_length if padding == "max_length" else int(padding),
                      pad_to_multiple_of=pad_to_multiple_of)
         elif pad_to_multiple_of:
             self.pad([enc], pad_to_multiple_of=pad_to_multiple_of)
+        return enc
+
+    def _apply_template(self, items: list[tuple[str, int]], first: Encoding, second: Encoding | None) -> Encoding:
+        """``[CLS] A [SEP] B [SEP]`` (or whatever the template says), with type ids per part."""
+        if len(items) == 1 and items[0] == ("$A", 0):
+            return first
+        enc = Encoding()
+        for name, type_id in items:
+            if name[0] == "$":
+                part = first if name == "$A" else second
+                assert part is not None
+                enc.ids += part.ids
+                enc.tokens += part.tokens
+                enc.offsets += part.offsets
+                enc.word_ids += part.word_ids
+                enc.type_ids += [type_id] * len(part.ids) if type_id else part.type_ids
+                enc.special_tokens_mask += part.special_tokens_mask
+                enc.attention_mask += part.attention_mask
+            else:
+                enc.ids.append(self.vocab[name])
+                enc.tokens.append(name)
+                enc.offsets.append((0, 0))
+                enc.word_ids.append(None)
+                enc.type_ids.append(type_id)
+                enc.special_tokens_mask.append(1)
+                enc.attention_mask.append(1)
         return enc
 
     def encode_pair(self, first: str, second: str, **kwargs: Any) -> Encoding:
@@ -352,14 +399,25 @@ class Tokenizer:
             raise LmforgeError(f"encode_batch: {len(texts)} texts but {len(pairs)} pairs")
         jobs = list(zip(texts, pairs if pairs is not None else [None] * len(texts), strict=True))
         kwargs["max_length"] = max_length
-        if workers > 1 and len(jobs) > 1:
-            chunk = -(-len(jobs) // (workers * 4))
-            parts = [jobs[i:i + chunk] for i in range(0, len(jobs), chunk)]
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                results = pool.starmap(_encode_jobs, [(self, part, kwargs) for part in parts])
-            out = [enc for part in results for enc in part]
-        else:
-            out = _encode_jobs(self, jobs, kwargs)
+        global _WORKER_TOKENIZER
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # millions of small lists and tuples: collections would cost more than encoding
+        try:
+            if workers > 1 and len(jobs) > 1:
+                chunk = -(-len(jobs) // (workers * 4))
+                parts = [(jobs[i:i + chunk], kwargs) for i in range(0, len(jobs), chunk)]
+                _WORKER_TOKENIZER = self  # inherited by the forked workers, never pickled
+                try:
+                    with multiprocessing.get_context("fork").Pool(workers) as pool:
+                        results = pool.map(_encode_jobs, parts)
+                finally:
+                    _WORKER_TOKENIZER = None
+                out = [enc for part in results for enc in part]
+            else:
+                out = _encode_jobs((jobs, kwargs), self)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         if padding in (True, "longest"):
             self.pad(out, pad_to_multiple_of=pad_to_multiple_of)
         elif padding is not False:
@@ -442,5 +500,19 @@ class Tokenizer:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, special={list(self.special_tokens)})"
 
 
-def _encode_jobs(tok: Tokenizer, jobs: list[tuple[str, str | None]], kwargs: dict[str, Any]) -> list[Encoding]:
+_WORKER_TOKENIZER: Tokenizer | None = None
+
+
+def _encode_jobs(work: tuple[list[tuple[str, str | None]], dict[str, Any]],
+                 tok: Tokenizer | None = None) -> list[Encoding]:
+    """Encode (text, pair) jobs with ``tok`` (in a worker process: the tokenizer it inherited)."""
+    jobs, kwargs = work
+    tok = tok or _WORKER_TOKENIZER
+    assert tok is not None
+    gc.disable()
     return [tok.encode(text, pair, **kwargs) for text, pair in jobs]
+
+
+def _encode_ordinary_jobs(texts: Sequence[str]) -> list[list[int]]:
+    assert _WORKER_TOKENIZER is not None
+    return [_WORKER_TOKENIZER.encode_ordinary(t) for t in texts]

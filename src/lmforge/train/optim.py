@@ -38,11 +38,19 @@ def no_decay_names(model: nn.Module) -> set[str]:
             if p.dim() < 2 or id(p) in embedding_ids}
 
 
+WRAPPER_PARTS = {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"}
+
+
 def clean_name(name: str) -> str:
-    """A parameter's name without the prefixes DDP, FSDP and torch.compile add."""
-    for prefix in ("module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        name = name.replace(prefix, "")
-    return name
+    """A parameter's name without what DDP (a leading ``module.``), FSDP and torch.compile insert.
+
+    >>> clean_name("module._orig_mod.fc.weight"), clean_name("_fsdp_wrapped_module.layers.0.module.w")
+    ('fc.weight', 'layers.0.module.w')
+    """
+    parts = [p for p in name.split(".") if p not in WRAPPER_PARTS]
+    while parts and parts[0] == "module":
+        parts = [p for p in parts[1:] if p not in WRAPPER_PARTS]
+    return ".".join(parts)
 
 
 def param_groups(model: nn.Module, weight_decay: float, no_decay: set[str] | None = None) -> list[dict]:

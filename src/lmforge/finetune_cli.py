@@ -1,0 +1,113 @@
+"""``lmforge finetune``, ``lmforge evaluate`` and ``lmforge predict``: thin wrappers over ``lmforge.finetune``.
+
+    lmforge finetune --model DIR --task seq-cls --train train.csv --eval dev.csv --strategy lora --out runs/cls
+    lmforge evaluate --model runs/cls --data test.csv                 # metrics as one JSON object
+    echo "It may be a virus." | lmforge predict --model runs/cls      # {"label": ..., "probabilities": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def run_finetune(args) -> int:
+    from lmforge.finetune import FinetuneArgs, finetune
+    from lmforge.metrics import format_report
+
+    fields = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__ and v is not None}
+    fields["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
+    if fields["lora_targets"] is None:
+        del fields["lora_targets"]
+    report = finetune(FinetuneArgs(**fields))
+    metrics = report.get("eval") or {}
+    if metrics:
+        print(format_report(metrics), file=sys.stderr)
+    summary = {k: v for k, v in report.items() if k != "eval"}
+    summary["eval"] = {k: v for k, v in metrics.items() if k not in ("per_class", "confusion")}
+    print(json.dumps({"out": args.out, **summary}))
+    return 0
+
+
+def run_evaluate(args) -> int:
+    from lmforge.data.tasks import read_task
+    from lmforge.finetune import evaluate_model, load_finetuned
+    from lmforge.metrics import format_report
+
+    model, tok, info = load_finetuned(args.model, args.device)
+    examples = read_task(info["task"], args.data)
+    max_len = min(int(info.get("max_len") or 512), model.config.max_positions)
+    report = evaluate_model(model, tok, info["task"], info["labels"], examples, max_len, args.batch_size,
+                            Path(args.png) if args.png else None)
+    print(format_report(report), file=sys.stderr)
+    print(json.dumps(report))
+    return 0
+
+
+def run_predict(args) -> int:
+    from lmforge.finetune import load_finetuned, predict_lines
+
+    model, tok, info = load_finetuned(args.model, args.device)
+    if args.text:
+        lines = list(args.text)
+    else:
+        if sys.stdin.isatty():
+            print("lmforge predict: reading lines from standard input (Ctrl-D ends)", file=sys.stderr)
+        lines = sys.stdin.read().splitlines()
+    chunk = 256  # stream results for long inputs
+    for start in range(0, len(lines), chunk):
+        for result in predict_lines(model, tok, info, lines[start: start + chunk]):
+            print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+def add_commands(sub) -> None:
+    from lmforge.finetune import STRATEGIES
+
+    p = sub.add_parser("finetune", help="fine-tune an encoder on a labeled task (full | frozen | lora | adapter)",
+                       description="Fine-tune an lmforge or Hugging Face BERT directory. Prints one JSON summary; "
+                                   "writes the model, finetune.json and confusion.png into --out.")
+    p.add_argument("--model", required=True, help="starting model directory (lmforge or Hugging Face BERT)")
+    p.add_argument("--task", required=True, choices=["seq-cls", "token-cls"])
+    p.add_argument("--train", required=True, help="CSV / TSV / JSONL (seq-cls) or word/TAG / CoNLL (token-cls)")
+    p.add_argument("--eval", help="evaluation file in the same format")
+    p.add_argument("--strategy", default="full", choices=STRATEGIES)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--epochs", type=float, help="passes over the training set (default 2)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float, help="peak learning rate (default: full 5e-5, frozen 1e-3, lora/adapter 5e-4)")
+    p.add_argument("--max-len", type=int, help="sub-word tokens per input, special tokens included (default 128)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--mix", action="store_true", help="frozen: the head reads a learned scalar mix of all layers")
+    p.add_argument("--lora-r", type=int)
+    p.add_argument("--lora-alpha", type=float)
+    p.add_argument("--lora-dropout", type=float)
+    p.add_argument("--lora-targets", help="comma-separated module patterns (default '*.in_proj,*.out_proj')")
+    p.add_argument("--adapter-size", type=int, help="adapter bottleneck width (default 64)")
+    p.add_argument("--merge", action="store_true", help="lora: merge into the weights, save a full model")
+    p.add_argument("--label-all", action="store_true", help="token-cls: label every sub-token, not just the first")
+    p.add_argument("--limit", type=int, help="use only the first N training examples")
+    p.add_argument("--device", help="auto | cpu | cuda")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    p.add_argument("--keep-checkpoints", action="store_true", default=None)
+    p.set_defaults(handler=run_finetune)
+
+    e = sub.add_parser("evaluate", help="metrics of a fine-tuned model on a labeled file (JSON)",
+                       description="Accuracy, macro-F1, per-class report and confusion matrix (token accuracy "
+                                   "and BIO chunk F1 for tagging) as one JSON object.")
+    e.add_argument("--model", required=True, help="a directory written by lmforge finetune (or a HF classifier)")
+    e.add_argument("--data", required=True, help="labeled file in the training format")
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--png", help="also write the confusion matrix to this PNG")
+    e.add_argument("--device", default=None)
+    e.set_defaults(handler=run_evaluate)
+
+    r = sub.add_parser("predict", help="labels for texts: one JSON object per input line",
+                       description="seq-cls: each line is a text (or text<TAB>pair) -> label and probabilities. "
+                                   "token-cls: each line is whitespace-separated words -> a label per word.")
+    r.add_argument("--model", required=True)
+    r.add_argument("--device", default=None)
+    r.add_argument("text", nargs="*", metavar="TEXT", help="texts (default: lines of standard input)")
+    r.set_defaults(handler=run_predict)

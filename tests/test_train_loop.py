@@ -1,0 +1,236 @@
+"""The training loop in-process: exact gradient accumulation, NaN stop, logs, resume, refusals."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmforge.errors import LmforgeError
+from lmforge.train import Callback, TrainConfig, Trainer, count_targets, latest_checkpoint, train
+from train_toy import ToyLM, ToySource
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and do not fight with other tests for the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def config(**kw) -> TrainConfig:
+    base = dict(lr=1e-2, warmup_steps=1, max_steps=6, batch_size=4, save_every=0, log_every=1,
+                progress=False, plot=False, tensorboard=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def toy(dropout: float = 0.0, dtype=torch.float32, d: int = 16) -> ToyLM:
+    torch.manual_seed(0)
+    return ToyLM(d=d, dropout=dropout).to(dtype)
+
+
+def weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_file(latest_checkpoint(run_dir).path / "model.safetensors")
+
+
+def events(run_dir, kind: str) -> list[dict]:
+    lines = (run_dir / "log.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+# ---------------------------------------------------------------------------------------------- accumulation
+
+def test_accumulated_gradients_equal_the_full_batch_float64(tmp_path):
+    """k=3 micro-batches of b=2 rows give the gradient of one batch of 6 rows, with uneven padding."""
+    full = Trainer(toy(dtype=torch.float64), ToySource(6), config(batch_size=6), tmp_path / "full")
+    accum = Trainer(toy(dtype=torch.float64), ToySource(2), config(batch_size=2, grad_accum=3), tmp_path / "acc")
+    full.setup()
+    accum.setup()
+    loss_full, loss_accum = full.forward_backward(1), accum.forward_backward(1)
+    assert loss_accum == pytest.approx(loss_full, abs=1e-12)
+    for (name, p), q in zip(full.model.named_parameters(), accum.model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-12, msg=name)
+
+    # the micro-batches hold different numbers of targets, so a plain mean of their means is wrong
+    src = ToySource(2)
+    counts = [int(count_targets(src.batch(1, m))) for m in range(3)]
+    assert len(set(counts)) > 1
+    model = toy(dtype=torch.float64)
+    with torch.no_grad():
+        naive = sum(float(model(**src.batch(1, m)).loss) for m in range(3)) / 3
+    assert abs(naive - loss_full) > 1e-6
+
+
+def test_accumulated_training_matches_full_batch_float32(tmp_path):
+    a = train(toy(), ToySource(8), config(batch_size=8), tmp_path / "a")
+    b = train(toy(), ToySource(2), config(batch_size=2, grad_accum=4), tmp_path / "b")
+    assert b.loss == pytest.approx(a.loss, abs=1e-5)
+    wa, wb = weights(tmp_path / "a"), weights(tmp_path / "b")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-5)
+
+
+def test_count_targets_rows_without_token_labels():
+    assert int(count_targets({"input_ids": torch.zeros(3, 5), "next_sentence_label": torch.tensor([0, 1, 1])})) == 3
+
+
+# ---------------------------------------------------------------------------------------------- NaN
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(LmforgeError, match=r"non-finite loss at step 5 .*step-000004"):
+        train(toy(), ToySource(4, poison_step=5), config(max_steps=8, save_every=2), tmp_path)
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt.step == 4
+    assert all(torch.isfinite(t).all() for t in ckpt.weights().values())
+    assert ckpt.optimizer()["optimizer"]["state"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-000002", "step-000004"]
+
+
+# ---------------------------------------------------------------------------------------------- logs
+
+def test_logs_eval_metrics_and_plot(tmp_path):
+    result = train(toy(), ToySource(4), config(max_steps=6, eval_every=3, log_every=2, plot=True), tmp_path)
+    assert [e["step"] for e in events(tmp_path, "train")] == [2, 4, 6]
+    evals = events(tmp_path, "eval")
+    assert [e["step"] for e in evals] == [3, 6]
+    last = evals[-1]
+    assert last["eval_ppl"] == pytest.approx(math.exp(last["eval_loss"]))
+    assert 0.0 <= last["eval_accuracy"] <= 1.0
+    assert result.eval == {k: v for k, v in last.items() if k.startswith("eval_")}
+    assert result.best_eval_loss == min(e["eval_loss"] for e in evals)
+    train_event = events(tmp_path, "train")[-1]
+    assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s"} <= set(train_event)
+    assert train_event["tokens"] == result.tokens == 6 * 4 * 12
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "max_steps: 6" in (tmp_path / "config.yaml").read_text()
+
+
+def test_callbacks_are_called(tmp_path):
+    calls = []
+
+    class Spy(Callback):
+        def on_step(self, trainer, step, record):
+            calls.append(("step", step))
+
+        def on_eval(self, trainer, step, metrics):
+            calls.append(("eval", step))
+
+        def on_save(self, trainer, step, path):
+            calls.append(("save", step, path.name))
+
+    train(toy(), ToySource(4), config(max_steps=2, log_every=1), tmp_path, callbacks=[Spy()])
+    assert calls == [("step", 1), ("step", 2), ("eval", 2), ("save", 2, "step-000002")]
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+def test_crash_and_resume_in_process_is_bit_identical(tmp_path):
+    """With dropout on: the restored RNG gives the same masks. (The SIGKILL test is in test_train_resume.)"""
+    cfg = config(max_steps=7, save_every=3)
+    full = train(toy(dropout=0.2), ToySource(4), cfg, tmp_path / "full")
+
+    class Crash(Callback):
+        def on_step(self, trainer, step, record):
+            if step == 5:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(toy(dropout=0.2), ToySource(4), cfg, tmp_path / "cut", callbacks=[Crash()])
+    resumed = train(toy(dropout=0.2), ToySource(4), cfg, tmp_path / "cut")
+    assert resumed.resumed_from == 3 and resumed.loss == full.loss
+    wa, wb = weights(tmp_path / "full"), weights(tmp_path / "cut")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+    def curve(run):  # the log without timings
+        return [{k: v for k, v in e.items() if k != "tokens_per_s"} for e in events(run, "train")]
+
+    assert curve(tmp_path / "cut") == curve(tmp_path / "full")
+
+
+def test_resume_extends_a_finished_run(tmp_path):
+    train(toy(), ToySource(4), config(max_steps=4, save_every=2), tmp_path)
+    again = train(toy(), ToySource(4), config(max_steps=4, save_every=2), tmp_path)
+    assert again.resumed_from == 4 and again.step == 4 and math.isfinite(again.loss)
+    more = train(toy(), ToySource(4), config(max_steps=6, save_every=2), tmp_path)
+    assert more.resumed_from == 4 and more.step == 6
+    assert [e["step"] for e in events(tmp_path, "train")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_of_another_model_is_refused(tmp_path):
+    recipe = {"model": {"d": 16}, "train": config(max_steps=2).to_dict()}
+    train(toy(), ToySource(4), config(max_steps=2), tmp_path / "r", recipe=recipe)
+    with pytest.raises(LmforgeError, match=r"model\.d differs"):
+        train(toy(d=8), ToySource(4), config(max_steps=2), tmp_path / "r", recipe={**recipe, "model": {"d": 8}})
+    train(toy(), ToySource(4), config(max_steps=2), tmp_path / "s")  # no recipe: the shapes are checked
+    with pytest.raises(LmforgeError, match="shape"):
+        train(toy(d=8), ToySource(4), config(max_steps=2), tmp_path / "s")
+
+
+def test_leftovers_of_an_interrupted_save_are_ignored(tmp_path):
+    train(toy(), ToySource(4), config(max_steps=5, save_every=1, keep_last=2), tmp_path)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-000004", "step-000005"]
+    (root / ".tmp-step-000006-123").mkdir()  # killed while writing
+    (root / ".tmp-step-000006-123" / "model.safetensors").write_bytes(b"partial")
+    (root / "latest").write_text("step-000009\n")  # names a checkpoint that is not there
+    ckpt = latest_checkpoint(tmp_path, clean=True)
+    assert ckpt.step == 5 and not (root / ".tmp-step-000006-123").exists()
+
+
+# ---------------------------------------------------------------------------------------------- precision
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_runs(tmp_path, precision):
+    result = train(toy(), ToySource(4), config(max_steps=2, precision=precision), tmp_path)
+    assert math.isfinite(result.loss)
+
+
+# ---------------------------------------------------------------------------------------------- the GPT
+
+class CLMSource:
+    """Causal-LM batches for lmforge's Decoder: labels = input ids, a random tail padded with -100."""
+
+    def __init__(self, batch_size: int, vocab: int, seq_len: int = 10):
+        self.batch_size, self.vocab, self.seq_len = batch_size, vocab, seq_len
+
+    def batch(self, step, micro, rank=0, world_size=1):
+        rows = []
+        first = micro * world_size * self.batch_size + rank * self.batch_size
+        for g in range(first, first + self.batch_size):
+            gen = torch.Generator().manual_seed(step * 1000 + g)
+            ids = torch.randint(0, self.vocab, (self.seq_len,), generator=gen)
+            labels = ids.clone()
+            pad = int(torch.randint(0, self.seq_len - 2, (1,), generator=gen))
+            if pad:
+                labels[-pad:] = -100
+            rows.append((ids, labels))
+        return {"input_ids": torch.stack([r[0] for r in rows]), "labels": torch.stack([r[1] for r in rows])}
+
+    def eval_batches(self):
+        return [self.batch(-1, 0)]
+
+
+def test_decoder_accumulation_and_eval(tmp_path):
+    decoder = pytest.importorskip("lmforge.models.decoder")
+    from lmforge.models.config import get_preset
+
+    def gpt():
+        torch.manual_seed(0)
+        cfg = get_preset("gpt-tiny", vocab_size=50, n_layers=1, dropout=0.0, attention_dropout=0.0)
+        return decoder.Decoder(cfg).double()
+
+    full = Trainer(gpt(), CLMSource(4, 50), config(batch_size=4), tmp_path / "full")
+    accum = Trainer(gpt(), CLMSource(2, 50), config(batch_size=2, grad_accum=2), tmp_path / "acc")
+    full.setup()
+    accum.setup()
+    assert full.shift == 1  # next-token loss: targets are labels[:, 1:]
+    # the Decoder computes its cross-entropy in float32, hence float32 tolerances
+    assert accum.forward_backward(1) == pytest.approx(full.forward_backward(1), abs=1e-6)
+    for p, q in zip(full.model.parameters(), accum.model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-6)
+    result = train(gpt().float(), CLMSource(2, 50), config(max_steps=2), tmp_path / "run")
+    assert {"eval_loss", "eval_ppl", "eval_accuracy"} <= set(result.eval)
+    assert "model:\n  class: Decoder" in (tmp_path / "run" / "config.yaml").read_text()
