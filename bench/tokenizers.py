@@ -7,9 +7,12 @@ repeated until ``--mb`` million characters. Steps, each printed with its lmforge
 
 1. train byte-level BPE to ``--vocab-size`` tokens (lmforge vs ``tokenizers``' BpeTrainer, whose
    merges lmforge must reproduce exactly; tiktoken has no trainer);
-2. encode the corpus as one string on one thread (``tokenizers`` encodes a single input serially): lmforge ids only (``encode_ordinary``) and full ``Encoding``
-   (offsets, word ids) vs ``tokenizers`` (one thread) vs tiktoken built from the same merges;
-3. encode lines in batch with every core: lmforge processes vs ``tokenizers`` threads.
+2. encode the corpus as one string on one thread (``tokenizers`` encodes a single input
+   serially): lmforge ids only (``encode_ordinary``) and full ``Encoding`` (offsets, word ids)
+   vs ``tokenizers`` vs tiktoken built from the same merges;
+3. encode the lines of the first ``--batch-mb`` MB in batch, on one thread (``tokenizers`` with
+   ``RAYON_NUM_THREADS=1`` in a child process) and on every core (lmforge processes vs
+   ``tokenizers`` threads).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}{load}"
 
 
 def corpus(mb: float) -> tuple[str, str]:
@@ -59,6 +63,7 @@ def main() -> int:
     parser.add_argument("--mb", type=float, default=20.0, help="corpus size in millions of characters")
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--batch-mb", type=float, default=5.0, help="size of the line-batch part")
     args = parser.parse_args()
 
     import tiktoken
@@ -66,7 +71,8 @@ def main() -> int:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     import lmforge
-    from lmforge.tokenizers import ByteLevelBPETokenizer, Tokenizer as LmTokenizer, to_huggingface
+    from lmforge.tokenizers import ByteLevelBPETokenizer, to_huggingface
+    from lmforge.tokenizers import Tokenizer as LmTokenizer
     from lmforge.tokenizers.byte_bpe import CHAR_TO_BYTE
     from lmforge.tokenizers.pretokenize import GPT2_SPLIT
 
@@ -116,21 +122,56 @@ def main() -> int:
     rows += [("encode ids, 1 thread (MB/s)", mb / t_ids, mb / t_hf_enc),
              ("encode Encoding, 1 thread (MB/s)", mb / t_enc, mb / t_hf_enc)]
 
-    # 3. batch encoding, all cores ----------------------------------------------------------------
-    lines = text.splitlines()
+    del ids_ours, enc_ours, enc_hf, ids_tt  # smaller heap before forking workers
+    # 3. batch encoding of lines: one thread, then all cores -------------------------------------
+    lines = text[: int(args.batch_mb * 1_000_000)].splitlines()
+    lmb = sum(len(line.encode("utf-8")) for line in lines) / 1e6
     fresh = LmTokenizer.from_dict(ours.to_dict())
+    fresh.encode_ordinary_batch(lines[:20_000])  # warm the cache a little, as a running process would
+    _, t_lines = timed(lambda: fresh.encode_batch(lines))
+    t_hf_lines = hf_one_thread_batch(to_huggingface(ours), lines)
+    print(f"\n[encode_batch, one thread] {len(lines)} lines ({lmb:.1f} MB): lmforge {lmb / t_lines:.2f} MB/s, "
+          f"tokenizers {lmb / t_hf_lines:.2f} MB/s (RAYON_NUM_THREADS=1, separate process); "
+          f"ratio {t_hf_lines / t_lines:.2f}x")
+    rows.append(("encode_batch lines, 1 thread (MB/s)", lmb / t_lines, lmb / t_hf_lines))
     _, t_batch = timed(lambda: fresh.encode_batch(lines, workers=args.workers))
-    hf_multi = Tokenizer.from_str(json.dumps(to_huggingface(ours)))
-    _, t_hf_batch = timed(lambda: hf_multi.encode_batch(lines))
-    print(f"\n[encode_batch, {args.workers} cores] {len(lines)} lines: lmforge {mb / t_batch:.2f} MB/s "
-          f"({args.workers} processes), tokenizers {mb / t_hf_batch:.2f} MB/s (its thread pool); "
-          f"ratio {t_hf_batch / t_batch:.2f}x")
-    rows.append(("encode_batch lines (MB/s)", mb / t_batch, mb / t_hf_batch))
+    _, t_batch_ids = timed(lambda: fresh.encode_ordinary_batch(lines, workers=args.workers))
+    _, t_hf_batch = timed(lambda: hf_single.encode_batch(lines))
+    print(f"[encode_batch, {args.workers} cores] lmforge Encodings {lmb / t_batch:.2f} MB/s, lmforge ids only "
+          f"{lmb / t_batch_ids:.2f} MB/s ({args.workers} processes), tokenizers {lmb / t_hf_batch:.2f} MB/s "
+          f"(its thread pool); ratios {t_hf_batch / t_batch:.2f}x and {t_hf_batch / t_batch_ids:.2f}x")
+    rows += [(f"encode_batch lines, {args.workers} cores (MB/s)", lmb / t_batch, lmb / t_hf_batch),
+             (f"ids-only batch, {args.workers} cores (MB/s)", lmb / t_batch_ids, lmb / t_hf_batch)]
 
-    print("\nsummary (lmforge vs tokenizers):")
+    print("\nsummary, lmforge vs tokenizers (training: seconds, lower is better; encoding: MB/s, higher is better):")
     for name, a, b in rows:
-        print(f"  {name:34s} lmforge {a:8.2f}   tokenizers {b:8.2f}   ratio {a / b:5.2f}")
+        print(f"  {name:38s} lmforge {a:8.2f}   tokenizers {b:8.2f}   lmforge/tokenizers {a / b:5.2f}")
     return 0
+
+
+def hf_one_thread_batch(hf_json: dict, lines: list[str]) -> float:
+    """Seconds for ``tokenizers``' encode_batch on one thread (a fresh process: Rayon reads its
+    thread count once, and this process's pool already runs on every core)."""
+    import subprocess
+    import tempfile
+
+    child = (
+        "import json, sys, time\n"
+        "from tokenizers import Tokenizer\n"
+        "tok = Tokenizer.from_file(sys.argv[1])\n"
+        "lines = json.load(open(sys.argv[2]))\n"
+        "start = time.perf_counter(); tok.encode_batch(lines); print(time.perf_counter() - start)\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        tok_path, lines_path = os.path.join(tmp, "tokenizer.json"), os.path.join(tmp, "lines.json")
+        with open(tok_path, "w") as f:
+            json.dump(hf_json, f)
+        with open(lines_path, "w") as f:
+            json.dump(lines, f)
+        env = {**os.environ, "RAYON_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-c", child, tok_path, lines_path], env=env, cwd=tmp,
+                             capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def main() -> None:
     counts = Counter(CORPUS.split())
     print(f"corpus: {CORPUS!r}")
     print("1. words and frequencies:", dict(counts))
-    names = sorted(set(CORPUS.replace(" ", ""))) + [EOW]  # symbol id -> printed name
+    names = [*sorted(set(CORPUS.replace(" ", ""))), EOW]  # symbol id -> printed name
     ids = {s: i for i, s in enumerate(names)}
     words = [[ids[c] for c in w] + [ids[EOW]] for w in counts]
     freqs = list(counts.values())

@@ -208,9 +208,12 @@ def test_causal_lm_windows_are_contiguous(corpus):
         starts = [s for s in range(stream.size - 9) if (stream[s: s + 10] == row).all()]
         assert starts
     assert torch.equal(batch["labels"], batch["input_ids"])
-    evals = list(CausalLMSource(shard, 4, 10, n_eval_batches=3,
-                                eval_shard=TokenShard.open(root, "valid", tok)).eval_batches())
-    assert len(evals) == 3 and all(e["input_ids"].shape == (4, 10) for e in evals)
+    valid = TokenShard.open(root, "valid", tok)
+    evals = list(CausalLMSource(shard, 4, 10, n_eval_batches=3, eval_batch_size=6, eval_shard=valid).eval_batches())
+    assert len(evals) == 3 and all(e["input_ids"].shape == (6, 10) for e in evals)
+    # the validation set does not depend on the training batch size (DDP ranks evaluate the same set)
+    other = list(CausalLMSource(shard, 8, 10, n_eval_batches=3, eval_batch_size=6, eval_shard=valid).eval_batches())
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(evals, other, strict=True))
 
 
 def test_truncate_longest_first():

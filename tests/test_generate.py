@@ -123,6 +123,15 @@ def test_left_padded_batch_equals_each_prompt_alone(kind: str, beams: int, gpt: 
         assert plain.to_lists() == batch
 
 
+def test_seq2seq_source_padding_side_does_not_matter(s2s: Seq2Seq) -> None:
+    left, left_mask = pad_prompts([[5, 17, 42], [8, 1, 2, 3, 4]], pad_id=0)
+    right = torch.tensor([[5, 17, 42, 0, 0], [8, 1, 2, 3, 4]])
+    right_mask = (torch.arange(5) < torch.tensor([[3], [5]])).long()
+    a = generate(s2s, left, left_mask, max_new_tokens=8, stop_ids=[]).tokens
+    b = generate(s2s, right, right_mask, max_new_tokens=8, stop_ids=[]).tokens
+    assert a.tolist() == b.tolist()
+
+
 def test_pad_prompts() -> None:
     ids, mask = pad_prompts([[5, 6, 7], [8]], pad_id=9)
     assert ids.tolist() == [[5, 6, 7], [9, 9, 8]]

@@ -20,7 +20,7 @@ from lmforge.tokenizers import (
     save_huggingface,
     to_huggingface,
 )
-from lmforge.tokenizers.base import truncate_pair_lengths
+from lmforge.tokenizers.template import truncate_pair_lengths
 
 CORPUS = ["The cat sat on the mat, and the dog sat on the log.\n"] * 10 + ["Ünïcödé 中文 naïve.\n"]
 
@@ -201,8 +201,27 @@ def test_cli_progress_bar_goes_to_stderr(tmp_path, capsys):
     assert code == 0 and "merges" in err and "merges" not in out
 
 
-@pytest.mark.parametrize("module", ["base", "bpe", "byte_bpe", "wordpiece", "normalize", "pretokenize", "train"])
+@pytest.mark.parametrize("module", ["base", "bpe", "byte_bpe", "wordpiece", "normalize", "pretokenize", "train",
+                                    "template"])
 def test_docstring_examples(module):
     mod = importlib.import_module(f"lmforge.tokenizers.{module}")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and (module == "base" or result.attempted > 0)
+
+
+def test_directory_with_only_a_bert_vocab_txt(tmp_path):
+    from lmforge.data.sources import minilm_path
+
+    (tmp_path / "vocab.txt").write_text((minilm_path() / "vocab.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    tok = load_tokenizer(tmp_path)
+    assert isinstance(tok, WordPieceTokenizer) and tok.encode("Hello world").ids == [101, 7592, 2088, 102]
+    (tmp_path / "vocab.txt").write_text("just\nwords\n")
+    with pytest.raises(LmforgeError, match="not a BERT vocabulary"):
+        load_tokenizer(tmp_path)
+
+
+def test_templates_only_use_known_special_tokens():
+    wp = WordPieceTokenizer.train(CORPUS, vocab_size=60, special_tokens=["[UNK]"])
+    assert wp.encode("the cat").tokens == ["the", "cat"]  # no [CLS]/[SEP]: no BERT template
+    with pytest.raises(LmforgeError, match=r"template uses \['\[CLS\]'\]"):
+        BPETokenizer(["a"], [], template={"single": ["[CLS]", "$A"], "pair": ["$A", "$B:1"]})

@@ -101,3 +101,33 @@ def test_encode_batch_in_processes_equals_serial(shakespeare):
     tok = ByteLevelBPETokenizer.train([shakespeare[:50_000]], vocab_size=500)
     lines = shakespeare.splitlines()[:400]
     assert tok.encode_batch(lines, workers=2) == tok.encode_batch(lines)
+    assert tok.encode_ordinary_batch(lines, workers=2) == [tok.encode_ordinary(line) for line in lines]
+
+
+@pytest.mark.slow
+def test_gpt4_pattern_splits_like_tiktoken_cl100k(shakespeare):
+    import regex
+
+    # cl100k_base's pattern as tiktoken 0.14 ships it (possessive form of the same expression).
+    tiktoken_cl100k = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+                       r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+    text = shakespeare[:100_000] + HARD + "\n\n  \r\n 2024-11-22 x  "
+    assert compile_pattern("gpt4").findall(text) == regex.findall(tiktoken_cl100k, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_gpt_patterns_tile_every_text_so_offsets_are_running_sums(s):
+    # The encoder's fast path relies on this: every character belongs to exactly one word.
+    for name in ("gpt2", "gpt4"):
+        assert "".join(compile_pattern(name).findall(s)) == s
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab é中🤗 \n'1"), max_size=30))
+def test_offsets_cover_the_text_in_order(small, s):
+    enc = small.encode(s)
+    assert enc.offsets == sorted(enc.offsets)
+    assert all(0 <= a <= b <= len(s) for a, b in enc.offsets)
+    # Tokens inside one character share its span; otherwise the spans tile the text.
+    assert "".join(s[a:b] for i, (a, b) in enumerate(enc.offsets) if i == 0 or (a, b) != enc.offsets[i - 1]) == s

@@ -64,6 +64,22 @@ def test_accumulated_gradients_equal_the_full_batch_float64(tmp_path):
     assert abs(naive - loss_full) > 1e-6
 
 
+def test_a_micro_batch_without_targets_adds_nothing(tmp_path):
+    class Hole(ToySource):  # rows 2 and 3 (micro-batch 1 of 3 x 2 rows) have no targets at all
+        def _row(self, step, g):
+            ids, labels = super()._row(step, g)
+            return ids, labels.fill_(-100) if g in (2, 3) else labels
+
+    full = Trainer(toy(dtype=torch.float64), Hole(6), config(batch_size=6), tmp_path / "full")
+    accum = Trainer(toy(dtype=torch.float64), Hole(2), config(batch_size=2, grad_accum=3), tmp_path / "acc")
+    full.setup()
+    accum.setup()
+    loss = accum.forward_backward(1)
+    assert math.isfinite(loss) and loss == pytest.approx(full.forward_backward(1), abs=1e-12)
+    for p, q in zip(full.model.parameters(), accum.model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-12)
+
+
 def test_accumulated_training_matches_full_batch_float32(tmp_path):
     a = train(toy(), ToySource(8), config(batch_size=8), tmp_path / "a")
     b = train(toy(), ToySource(2), config(batch_size=2, grad_accum=4), tmp_path / "b")
@@ -234,3 +250,20 @@ def test_decoder_accumulation_and_eval(tmp_path):
     result = train(gpt().float(), CLMSource(2, 50), config(max_steps=2), tmp_path / "run")
     assert {"eval_loss", "eval_ppl", "eval_accuracy"} <= set(result.eval)
     assert "model:\n  class: Decoder" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_eval_metrics_from_logits_nsp_and_model_metrics():
+    from types import SimpleNamespace
+
+    from lmforge.train.metrics import EvalAccumulator
+
+    acc = EvalAccumulator()
+    batch = {"labels": torch.tensor([0, 1, 1, -100]), "next_sentence_label": torch.tensor([1, 1, 0, 0])}
+    out = SimpleNamespace(loss=torch.tensor(0.5), logits=torch.tensor([[1.0, 0], [0, 1], [1, 0], [0, 1]]),
+                          next_sentence_logits=torch.tensor([[0.0, 1], [1, 0], [1, 0], [1, 0]]),
+                          metrics={"f1": 0.25})
+    acc.update(batch, out)
+    result = acc.result()
+    assert result["eval_accuracy"] == pytest.approx(2 / 3)  # row 4 is ignored (-100)
+    assert result["eval_nsp_accuracy"] == 0.75 and result["eval_f1"] == 0.25
+    assert result["eval_ppl"] == pytest.approx(math.exp(0.5))

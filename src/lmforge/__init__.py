@@ -36,6 +36,11 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True) ->
     folder = Path(path)
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory")
+    if (folder / "adapter_config.json").is_file():  # LoRA / adapter output of `lmforge finetune`
+        from lmforge.finetune import load_finetuned
+
+        model, tok, _ = load_finetuned(folder, device)
+        return model, tok
     if not (folder / "config.json").exists():
         raise LmforgeError(f"{folder}: no config.json (not a model directory)")
     model = load_hf(folder, device) if is_hf_dir(folder) else load_pretrained(folder, device)

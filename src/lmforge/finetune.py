@@ -67,6 +67,7 @@ class FinetuneArgs:
     merge: bool = False  # lora: fold the update into W and save a full model directory
     label_all: bool = False  # token-cls: label every sub-token, not only the first
     limit: int = 0  # use only the first N training examples (0: all)
+    scratch: bool = False  # re-initialise the encoder: the same model and tokenizer, no pretraining
     eval_batch_size: int = 64
     device: str = "auto"
     progress: bool = True
@@ -81,36 +82,6 @@ class FinetuneArgs:
             raise LmforgeError("--mix goes with --strategy frozen")
         if self.merge and self.strategy != "lora":
             raise LmforgeError("--merge goes with --strategy lora")
-
-
-class MixedFeatureModel(nn.Module):
-    """A task model whose head reads ELMo's scalar mix of all the encoder's layers instead of the last.
-
-    seq-cls pools the mix by a masked mean over real tokens; token-cls applies the head at every position.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        from lmforge.nn.mix import ScalarMix
-
-        super().__init__()
-        self.model, self.config, self.num_labels = model, model.config, model.num_labels
-        self.mix = ScalarMix(model.config.n_layers + 1)
-        self.token_level = not hasattr(model.encoder, "pooler") or "Token" in type(model).__name__
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None, **_: Any):
-        from lmforge.models.common import token_loss
-
-        out = self.model.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True)
-        h = self.mix(out.hidden_states)  # (B, T, D)
-        if self.token_level:
-            out.logits = self.model.head(h)  # (B, T, C)
-        else:
-            m = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).unsqueeze(-1).to(h)
-            out.logits = self.model.head((h * m).sum(1) / m.sum(1).clamp(min=1))  # (B, D) -> (B, C)
-        if labels is not None:
-            out.loss = token_loss(out.logits, labels)
-        return out
 
 
 # -- building ---------------------------------------------------------------------------------------------
@@ -154,6 +125,8 @@ def apply_strategy(model: nn.Module, args: FinetuneArgs) -> nn.Module:
             p.requires_grad_(True)
         return model
     if args.strategy == "frozen" and args.mix:
+        from lmforge.nn.mix import MixedFeatureModel
+
         model = MixedFeatureModel(model)
         mark_trainable(model, ("model.head.", "mix."))
         return model
@@ -209,6 +182,20 @@ def current_rss() -> int:
         return 0
 
 
+class LastStepClock:
+    """A trainer callback noting when the last logged step ended (the trainer logs the last step)."""
+
+    last: float | None = None
+    last_cpu: float | None = None
+
+    def on_step(self, trainer: Any, step: int, record: dict[str, Any]) -> None:
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
+
+    def on_eval(self, *args: Any) -> None: ...
+
+    def on_save(self, *args: Any) -> None: ...
+
+
 # -- the run ----------------------------------------------------------------------------------------------
 def encode(task: str, examples, tokenizer, names, max_len: int, label_all: bool = False):
     if task == "seq-cls":
@@ -229,6 +216,10 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
     tasks.check_labels(eval_ex, names)
     seed_everything(args.seed)  # the head and LoRA A are initialised from the seed
     model, tok = build_task_model(args.model, args.task, len(names))
+    if args.scratch:
+        from lmforge.models.common import init_weights
+
+        init_weights(model.encoder)
     max_len = min(args.max_len, model.config.max_positions)
     model = apply_strategy(model, args)
     train_feats = encode(args.task, train_ex, tok, names, max_len, args.label_all)
@@ -243,15 +234,19 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
               "finetune": {k: v for k, v in asdict(args).items() if k not in ("progress", "out")},
               "train": config.to_dict()}
     counts = parameter_counts(model)
-    trainer = Trainer(model, source, config, out / "run", recipe=recipe)
+    clock = LastStepClock()
+    trainer = Trainer(model, source, config, out / "run", callbacks=[clock], recipe=recipe)
     rss_before = current_rss()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     result = trainer.fit()
-    train_s = time.perf_counter() - start
+    train_s = (clock.last or time.perf_counter()) - start  # up to the last update, before the final checkpoint
+    train_cpu = (clock.last_cpu or time.process_time()) - start_cpu  # CPU seconds: robust to a busy machine
     memory = memory_report(model, rss_before, trainer.device)
     report: dict[str, Any] = {"model": str(args.model), "task": args.task, "strategy": args.strategy,
-                              "mix": args.mix, "labels": len(names), "train_examples": len(train_ex),
+                              "mix": args.mix, "scratch": args.scratch, "labels": len(names),
+                              "train_examples": len(train_ex),
                               "steps": steps, "train_loss": result.loss, "train_time_s": round(train_s, 2),
+                              "train_cpu_s": round(train_cpu, 2), "threads": torch.get_num_threads(),
                               **counts, **memory}
     if eval_ex:
         start = time.perf_counter()
@@ -349,17 +344,22 @@ def load_finetuned(path: str | Path, device: str | None = None) -> tuple[nn.Modu
 # -- evaluation and prediction ----------------------------------------------------------------------------
 @torch.no_grad()
 def probabilities(model: nn.Module, features, pad_id: int, batch_size: int = 64) -> list[torch.Tensor]:
-    """softmax of the logits per feature: (C,) for seq-cls, (T_i, C) for token-cls (padding cut off)."""
+    """softmax of the logits per feature: (C,) for seq-cls, (T_i, C) for token-cls (padding cut off).
+
+    Rows are batched in order of length (little padding) and returned in their original order.
+    """
     model.eval()
     device = next(model.parameters()).device
-    out: list[torch.Tensor] = []
-    for start in range(0, len(features), batch_size):
-        chunk = features[start: start + batch_size]
-        batch = tasks.collate(chunk, pad_id)
+    order = sorted(range(len(features)), key=lambda i: len(features[i].input_ids))
+    out: list[torch.Tensor | None] = [None] * len(features)
+    for start in range(0, len(order), batch_size):
+        rows = order[start: start + batch_size]
+        batch = tasks.collate([features[i] for i in rows], pad_id)
         batch.pop("labels", None)
         probs = torch.softmax(model(**{k: v.to(device) for k, v in batch.items()}).logits.float(), -1).cpu()
-        out.extend(probs[i] if probs.dim() == 2 else probs[i, : len(f.input_ids)] for i, f in enumerate(chunk))
-    return out
+        for k, i in enumerate(rows):
+            out[i] = probs[k] if probs.dim() == 2 else probs[k, : len(features[i].input_ids)]
+    return out  # type: ignore[return-value]
 
 
 def evaluate_model(model: nn.Module, tokenizer, task: str, names: list[str], examples, max_len: int,

@@ -89,6 +89,7 @@ def add_commands(sub) -> None:
     p.add_argument("--merge", action="store_true", help="lora: merge into the weights, save a full model")
     p.add_argument("--label-all", action="store_true", help="token-cls: label every sub-token, not just the first")
     p.add_argument("--limit", type=int, help="use only the first N training examples")
+    p.add_argument("--scratch", action="store_true", help="re-initialise the encoder (no pretraining; a baseline)")
     p.add_argument("--device", help="auto | cpu | cuda")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     p.add_argument("--keep-checkpoints", action="store_true", default=None)

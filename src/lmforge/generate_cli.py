@@ -6,7 +6,8 @@
 
 Output. By default the generated text (the continuation, not the prompt) is written to standard output
 as it is produced, one line per prompt, flushed after every token. With ``--json`` each prompt gives one
-JSON object on its own line, once it is finished:
+JSON object on its own line, once it is finished; prompts are then generated in left-padded batches of
+``--batch-size`` (each row gives what its prompt gives alone; sampled rows draw from one shared stream):
 
     {"prompt": "To be", "text": " or not", "ids": [...], "new_tokens": 3, "stopped": true}
 
@@ -64,7 +65,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from lmforge import load
     from lmforge.errors import LmforgeError
-    from lmforge.generate import generate, stream
+    from lmforge.generate import generate, pad_prompts, stream
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -78,23 +79,33 @@ def run_generate(args: argparse.Namespace) -> int:
                    top_p=args.top_p, seed=args.seed)
     device = next(model.parameters()).device
     total_tokens, start = 0, time.perf_counter()
-    for prompt in read_prompts(args):
+
+    def prompt_ids(prompt: str) -> list[int]:
         ids = tokenizer.encode(prompt).ids
         if not ids and config.bos_id is not None:
             ids = [config.bos_id]
         if not ids:
             raise LmforgeError("--prompt: the prompt is empty and the model has no bos_id to start from")
-        input_ids = torch.tensor([ids], device=device)
-        if args.beams > 1 or args.json:
+        return ids
+
+    if args.json:  # batches of prompts, left-padded, one JSON object per prompt
+        prompts = list(read_prompts(args))
+        for first in range(0, len(prompts), args.batch_size):
+            chunk = prompts[first:first + args.batch_size]
+            ids, mask = pad_prompts([prompt_ids(p) for p in chunk], config.pad_id or 0, device)
+            out = generate(model, ids, mask, beams=args.beams, length_penalty=args.length_penalty, **options)
+            for prompt, new in zip(chunk, out.to_lists(), strict=True):
+                stopped = bool(new) and new[-1] == config.eos_id
+                print(json.dumps({"prompt": prompt, "text": tokenizer.decode(new, skip_special_tokens=True),
+                                  "ids": new, "new_tokens": len(new), "stopped": stopped}, ensure_ascii=False),
+                      flush=True)
+                total_tokens += len(new)
+    for prompt in [] if args.json else read_prompts(args):
+        input_ids = torch.tensor([prompt_ids(prompt)], device=device)
+        if args.beams > 1:  # the best hypothesis is known only at the end
             out = generate(model, input_ids, beams=args.beams, length_penalty=args.length_penalty, **options)
             new = out.to_lists()[0]
-            text = tokenizer.decode(new, skip_special_tokens=True)
-            if args.json:
-                stopped = bool(new) and new[-1] == config.eos_id
-                print(json.dumps({"prompt": prompt, "text": text, "ids": new, "new_tokens": len(new),
-                                  "stopped": stopped}, ensure_ascii=False), flush=True)
-            else:
-                print(text, flush=True)
+            print(tokenizer.decode(new, skip_special_tokens=True), flush=True)
         else:
             text_stream = TextStream(tokenizer)
             new = []
@@ -124,6 +135,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="beam score = log p / length**L (default 1.0)")
     p.add_argument("--seed", type=int, metavar="S", help="random seed: the same seed gives the same sample")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of streamed text")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N",
+                   help="with --json: prompts generated together, left-padded (default 8)")
     p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
     p.add_argument("--threads", type=int, default=0, metavar="N", help="torch CPU threads (default: torch's)")
     p.set_defaults(handler=run_generate)

@@ -41,7 +41,8 @@ class DataSection:
     field: str = "text"
     mlm_probability: float = 0.15
     whole_word: bool = False
-    eval_batches: int = 8
+    eval_batches: int = 8  # validation batches of eval_batch_size rows, fixed for the whole run
+    eval_batch_size: int = 16
     workers: int | None = None
 
     @classmethod
@@ -168,22 +169,23 @@ def _known(preset: str, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_source(data: DataSection, tokenizer, out: Path, files: list[Path], batch_size: int, seed: int):
+    evals = {"n_eval_batches": data.eval_batches, "eval_batch_size": data.eval_batch_size, "seed": seed}
     if data.objective == "seq2seq":
         src, tgt = get_pair_corpora(data, files, tokenizer, out)
         bos = getattr(tokenizer, "bos_id", None)
         eos = getattr(tokenizer, "eos_id", None)
-        bos = bos if bos is not None else tokenizer.cls_id
-        eos = eos if eos is not None else tokenizer.sep_id
-        return Seq2SeqSource(TokenShard.open(src), TokenShard.open(tgt), batch_size, data.seq_len, bos, eos,
-                             tokenizer.pad_id, seed, TokenShard.open(src, "valid"), TokenShard.open(tgt, "valid"),
-                             data.eval_batches)
+        return Seq2SeqSource(TokenShard.open(src), TokenShard.open(tgt), batch_size, data.seq_len,
+                             bos_id=bos if bos is not None else tokenizer.cls_id,
+                             eos_id=eos if eos is not None else tokenizer.sep_id, pad_id=tokenizer.pad_id,
+                             eval_shard=TokenShard.open(src, "valid"),
+                             eval_target_shard=TokenShard.open(tgt, "valid"), **evals)
     corpus = get_corpus(data, files, tokenizer, out)
     train, valid = TokenShard.open(corpus, "train", tokenizer), TokenShard.open(corpus, "valid", tokenizer)
     if data.objective == "clm":
-        return CausalLMSource(train, batch_size, data.seq_len, seed, valid, data.eval_batches)
+        return CausalLMSource(train, batch_size, data.seq_len, eval_shard=valid, **evals)
     special = SpecialIds.from_tokenizer(tokenizer, whole_word=data.whole_word)
-    return MaskedLMSource(train, special, batch_size, data.seq_len, data.objective == "mlm+nsp",
-                          data.mlm_probability, seed, valid, data.eval_batches)
+    return MaskedLMSource(train, special, batch_size, data.seq_len, nsp=data.objective == "mlm+nsp",
+                          probability=data.mlm_probability, eval_shard=valid, **evals)
 
 
 # -- the whole run ------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class _Source:
     batch_size: int
     eval_shard: TokenShard | None
     n_eval_batches: int
+    eval_batch_size: int
 
     def rows(self, rank: int, world_size: int) -> range:
         return range(rank * self.batch_size, (rank + 1) * self.batch_size)
@@ -44,9 +45,11 @@ class _Source:
                              for j in self.rows(rank, world_size)])
 
     def eval_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """A fixed validation set: the same batches whatever the training batch size or process count."""
         shard = self.eval_shard if self.eval_shard is not None and self.eval_shard.n_tokens else self.shard
         for i in range(self.n_eval_batches):
-            yield self.collate([self.example(shard, row_rng(self.seed, -1 - i, 0, j)) for j in range(self.batch_size)])
+            rows = range(self.eval_batch_size)
+            yield self.collate([self.example(shard, row_rng(self.seed, -1 - i, 0, j)) for j in rows])
 
 
 # -- causal LM --------------------------------------------------------------------------------------------
@@ -63,6 +66,7 @@ class CausalLMSource(_Source):
     seed: int = 0
     eval_shard: TokenShard | None = None
     n_eval_batches: int = 8
+    eval_batch_size: int = 16
 
     def __post_init__(self) -> None:
         if self.shard.n_tokens <= self.seq_len:
@@ -158,6 +162,7 @@ class MaskedLMSource(_Source):
     seed: int = 0
     eval_shard: TokenShard | None = None
     n_eval_batches: int = 8
+    eval_batch_size: int = 16
 
     def __post_init__(self) -> None:
         if self.shard.n_docs < (2 if self.nsp else 1):
@@ -261,6 +266,7 @@ class Seq2SeqSource(_Source):
     eval_shard: TokenShard | None = None
     eval_target_shard: TokenShard | None = None
     n_eval_batches: int = 8
+    eval_batch_size: int = 16
 
     def __post_init__(self) -> None:
         if len(self.shard.lines) != len(self.target_shard.lines):

@@ -54,17 +54,18 @@ def padding_positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def move_padding_right(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn left padding into right padding (a per-row rotation), for encoders that number positions from 0.
+    """Real tokens first, in their order, then the padding: for encoders that number positions from 0.
 
-    >>> ids, mask = torch.tensor([[0, 0, 7, 8], [5, 6, 7, 8]]), torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    Left-padded (or already right-padded) rows both come out right-padded:
+
+    >>> ids, mask = torch.tensor([[0, 0, 7, 8], [5, 6, 0, 0]]), torch.tensor([[0, 0, 1, 1], [1, 1, 0, 0]])
     >>> ids, mask = move_padding_right(ids, mask)
     >>> ids.tolist(), mask.tolist()
-    ([[7, 8, 0, 0], [5, 6, 7, 8]], [[1, 1, 0, 0], [1, 1, 1, 1]])
+    ([[7, 8, 0, 0], [5, 6, 0, 0]], [[1, 1, 0, 0], [1, 1, 0, 0]])
     """
-    s = ids.shape[1]
-    n_pad = s - mask.long().sum(-1, keepdim=True)  # (B, 1) pads on the left of each row
-    index = (torch.arange(s, device=ids.device) + n_pad) % s  # (B, S) column j takes column j + n_pad
-    return ids.gather(1, index), mask.gather(1, index)
+    is_pad = (mask == 0).to(torch.uint8)  # (B, S) 0 for real tokens, 1 for padding
+    order = torch.sort(is_pad, dim=1, stable=True).indices  # (B, S) real columns first, order kept
+    return ids.gather(1, order), mask.gather(1, order)
 
 
 class DecoderSteps:

@@ -15,8 +15,10 @@ choose which layers it reads (syntax sits lower than semantics) for L + 2 extra 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -38,3 +40,29 @@ class ScalarMix(nn.Module):
         w = self.weights()
         stacked = torch.stack(tuple(hidden_states), dim=0)  # (L + 1, B, T, D)
         return self.gamma * torch.einsum("l,l...->...", w.to(stacked.dtype), stacked)  # (B, T, D)
+
+
+class MixedFeatureModel(nn.Module):
+    """A task model whose head reads ELMo's scalar mix of all the encoder's layers instead of the last.
+
+    seq-cls pools the mix by a masked mean over real tokens; token-cls applies the head at every position.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.config, self.num_labels = model, model.config, model.num_labels
+        self.mix = ScalarMix(model.config.n_layers + 1)
+        self.token_level = not hasattr(model.encoder, "pooler") or "Token" in type(model).__name__
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None, **_: Any):
+        out = self.model.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True)
+        h = self.mix(out.hidden_states)  # (B, T, D)
+        if self.token_level:
+            out.logits = self.model.head(h)  # (B, T, C)
+        else:
+            m = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).unsqueeze(-1).to(h)
+            out.logits = self.model.head((h * m).sum(1) / m.sum(1).clamp(min=1))  # (B, D) -> (B, C)
+        if labels is not None:
+            out.loss = F.cross_entropy(out.logits.flatten(0, -2), labels.flatten(), ignore_index=-100)
+        return out

@@ -15,9 +15,7 @@ BPE and WordPiece, so the subclasses implement just that (``_word_pieces``) and 
 
 from __future__ import annotations
 
-import gc
 import json
-import multiprocessing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +24,11 @@ from typing import Any, ClassVar
 import regex
 
 from lmforge.errors import LmforgeError
+from lmforge.tokenizers.parallel import map_in_processes
+from lmforge.tokenizers.template import NO_TEMPLATE, apply_template, parse_template, truncate_pair_lengths
 
 FORMAT = "lmforge-tokenizer"
 ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
-NO_TEMPLATE = {"single": ["$A"], "pair": ["$A", "$B:1"]}
 
 WordPieces = tuple[tuple[int, ...], tuple[str, ...], tuple[tuple[int, int], ...]]
 
@@ -82,24 +81,6 @@ class Encoding:
             values[:] = pad + values if left else values + pad
 
 
-def truncate_pair_lengths(n1: int, n2: int, max_length: int) -> tuple[int, int]:
-    """Longest-first truncation (as Hugging Face): cut the longer one; if both must go, halve.
-
-    >>> truncate_pair_lengths(3, 10, 8), truncate_pair_lengths(9, 10, 7)
-    ((3, 5), (3, 4))
-    """
-    if n1 + n2 <= max_length:
-        return n1, n2
-    swap = n1 > n2
-    if swap:
-        n1, n2 = n2, n1
-    n2 = n1 if n1 > max_length else max(n1, max_length - n1)
-    if n1 + n2 > max_length:
-        n1 = max_length // 2
-        n2 = n1 + max_length % 2
-    return (n2, n1) if swap else (n1, n2)
-
-
 class Tokenizer:
     """Base class: vocabulary, special tokens, templates, encode/decode, save/load.
 
@@ -111,6 +92,7 @@ class Tokenizer:
     special_joiner: ClassVar[str] = ""
     registry: ClassVar[dict[str, type[Tokenizer]]] = {}
     pattern: regex.Pattern
+    contiguous: bool = False  # True when the pattern's words tile every text (GPT-2, GPT-4 patterns)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -124,12 +106,15 @@ class Tokenizer:
             raise LmforgeError("vocabulary: duplicate tokens")
         self.special_tokens: dict[str, int] = {}
         self.roles: dict[str, str] = {}
-        self.template = dict(template or NO_TEMPLATE)
+        self.template = {k: tuple(v) for k, v in (template or NO_TEMPLATE).items()}
+        self._cache: dict[str, WordPieces] = {}
         self.add_special_tokens(special_tokens)
         for role, token in (roles or {}).items():
             self.set_role(role, token)
-        self._cache: dict[str, WordPieces] = {}
-        self._parsed_templates: dict[tuple[str, bool], tuple[list[str], list[tuple[str, int]]]] = {}
+        missing = {name for key in ("single", "pair") for name, _ in parse_template(self.template[key])
+                   if not name.startswith("$") and name not in self.special_tokens}
+        if missing:
+            raise LmforgeError(f"template uses {sorted(missing)}, which are not special tokens of this tokenizer")
 
     # ---- vocabulary and special tokens -------------------------------------------------------
     @property
@@ -149,6 +134,7 @@ class Tokenizer:
         ordered = sorted(self.special_tokens, key=len, reverse=True)
         self._special_re = regex.compile("|".join(map(regex.escape, ordered))) if ordered else None
         self._special_ids = frozenset(self.special_tokens.values())
+        self._cache.clear()  # the vocabulary changed: cached word pieces may too
 
     def set_role(self, role: str, token: str) -> None:
         """Say which special token plays ``role`` (pad, unk, cls, sep, mask, bos, eos)."""
@@ -217,6 +203,22 @@ class Tokenizer:
         norm, index = self._normalize(text)
         cache, pieces = self._cache, self._pieces
         ids_out, toks_out, offs_out, words_out = enc.ids, enc.tokens, enc.offsets, enc.word_ids
+        if index is None and self.contiguous:  # words tile the text: positions are running sums
+            for w in self.pattern.findall(norm):
+                ids, toks, spans = cache.get(w) or pieces(w)
+                if len(ids) == 1:
+                    ids_out.append(ids[0])
+                    toks_out.append(toks[0])
+                    words_out.append(word)
+                    offs_out.append((base, base + len(w)))
+                else:
+                    offs_out.extend([(base + s, base + e) for s, e in spans])
+                    ids_out.extend(ids)
+                    toks_out.extend(toks)
+                    words_out.extend([word] * len(ids))
+                base += len(w)
+                word += 1
+            return word
         for m in self.pattern.finditer(norm):
             entry = cache.get(m.group()) or pieces(m.group())
             ids, toks, spans = entry
@@ -243,17 +245,7 @@ class Tokenizer:
 
     def encode_ordinary_batch(self, texts: Sequence[str], workers: int = 1) -> list[list[int]]:
         """``encode_ordinary`` for many texts, in ``workers`` processes (ids only: cheap to ship back)."""
-        global _WORKER_TOKENIZER
-        if workers <= 1 or len(texts) < 2:
-            return [self.encode_ordinary(t) for t in texts]
-        chunk = -(-len(texts) // (workers * 4))
-        _WORKER_TOKENIZER = self
-        try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                parts = pool.map(_encode_ordinary_jobs, [texts[i:i + chunk] for i in range(0, len(texts), chunk)])
-        finally:
-            _WORKER_TOKENIZER = None
-        return [ids for part in parts for ids in part]
+        return map_in_processes(self, "encode_ordinary", [(t,) for t in texts], {}, workers)
 
     def _split_special(self, text: str, allowed: str | Iterable[str]) -> list[tuple[int, int, bool]]:
         """Cut ``text`` into (start, end, is_special) segments; special tokens only where allowed."""
@@ -302,19 +294,9 @@ class Tokenizer:
             enc.special_tokens_mask[i] = 1
         return enc
 
-    def _template_items(self, pair: bool, add_special_tokens: bool) -> list[tuple[str, int]]:
-        """The template as (name, type id) items: ``[("[CLS]", 0), ("$A", 0), ...]``."""
+    def _template_items(self, pair: bool, add_special_tokens: bool) -> tuple[tuple[str, int], ...]:
         key = "pair" if pair else "single"
-        items = self.template[key] if add_special_tokens else NO_TEMPLATE[key]
-        cached = self._parsed_templates.get((key, add_special_tokens))
-        if cached is not None and cached[0] == items:
-            return cached[1]
-        out = []
-        for item in items:
-            name, _, type_id = item.rpartition(":") if item.rpartition(":")[2].isdigit() else (item, "", "0")
-            out.append((name, int(type_id)))
-        self._parsed_templates[(key, add_special_tokens)] = (list(items), out)
-        return out
+        return parse_template(self.template[key] if add_special_tokens else NO_TEMPLATE[key])
 
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return sum(not name.startswith("$") for name, _ in self._template_items(pair, True))
@@ -328,6 +310,8 @@ class Tokenizer:
         included, fits; ``padding``: ``"max_length"`` or an int pads up to that length.
         """
         first = self.encode_sequence(text, allowed_special)
+        if pair is None and max_length is None and padding in (False, None) and not pad_to_multiple_of:
+            return apply_template(self._template_items(False, add_special_tokens), first, None, self.vocab)
         second = None if pair is None else self.encode_sequence(pair, allowed_special)
         items = self._template_items(second is not None, add_special_tokens)
         if max_length is not None:
@@ -341,38 +325,12 @@ class Tokenizer:
                 n1, n2 = truncate_pair_lengths(len(first), len(second), room)
                 first.truncate(n1)
                 second.truncate(n2)
-        enc = self._apply_template(items, first, second)
+        enc = apply_template(items, first, second, self.vocab)
         if padding not in (False, True, "longest", None):
             self.pad([enc], length=max_length if padding == "max_length" else int(padding),
                      pad_to_multiple_of=pad_to_multiple_of)
         elif pad_to_multiple_of:
             self.pad([enc], pad_to_multiple_of=pad_to_multiple_of)
-        return enc
-
-    def _apply_template(self, items: list[tuple[str, int]], first: Encoding, second: Encoding | None) -> Encoding:
-        """``[CLS] A [SEP] B [SEP]`` (or whatever the template says), with type ids per part."""
-        if len(items) == 1 and items[0] == ("$A", 0):
-            return first
-        enc = Encoding()
-        for name, type_id in items:
-            if name[0] == "$":
-                part = first if name == "$A" else second
-                assert part is not None
-                enc.ids += part.ids
-                enc.tokens += part.tokens
-                enc.offsets += part.offsets
-                enc.word_ids += part.word_ids
-                enc.type_ids += [type_id] * len(part.ids) if type_id else part.type_ids
-                enc.special_tokens_mask += part.special_tokens_mask
-                enc.attention_mask += part.attention_mask
-            else:
-                enc.ids.append(self.vocab[name])
-                enc.tokens.append(name)
-                enc.offsets.append((0, 0))
-                enc.word_ids.append(None)
-                enc.type_ids.append(type_id)
-                enc.special_tokens_mask.append(1)
-                enc.attention_mask.append(1)
         return enc
 
     def encode_pair(self, first: str, second: str, **kwargs: Any) -> Encoding:
@@ -399,25 +357,7 @@ class Tokenizer:
             raise LmforgeError(f"encode_batch: {len(texts)} texts but {len(pairs)} pairs")
         jobs = list(zip(texts, pairs if pairs is not None else [None] * len(texts), strict=True))
         kwargs["max_length"] = max_length
-        global _WORKER_TOKENIZER
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # millions of small lists and tuples: collections would cost more than encoding
-        try:
-            if workers > 1 and len(jobs) > 1:
-                chunk = -(-len(jobs) // (workers * 4))
-                parts = [(jobs[i:i + chunk], kwargs) for i in range(0, len(jobs), chunk)]
-                _WORKER_TOKENIZER = self  # inherited by the forked workers, never pickled
-                try:
-                    with multiprocessing.get_context("fork").Pool(workers) as pool:
-                        results = pool.map(_encode_jobs, parts)
-                finally:
-                    _WORKER_TOKENIZER = None
-                out = [enc for part in results for enc in part]
-            else:
-                out = _encode_jobs((jobs, kwargs), self)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        out = map_in_processes(self, "encode", jobs, kwargs, workers)
         if padding in (True, "longest"):
             self.pad(out, pad_to_multiple_of=pad_to_multiple_of)
         elif padding is not False:
@@ -459,7 +399,7 @@ class Tokenizer:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": 1, "kind": self.kind, "tokens": self.id_to_token,
                 "special_tokens": list(self.special_tokens), "roles": self.roles,
-                "template": self.template, "model": self._model_dict()}
+                "template": {k: list(v) for k, v in self.template.items()}, "model": self._model_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "tokenizer") -> Tokenizer:
@@ -498,21 +438,3 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, special={list(self.special_tokens)})"
-
-
-_WORKER_TOKENIZER: Tokenizer | None = None
-
-
-def _encode_jobs(work: tuple[list[tuple[str, str | None]], dict[str, Any]],
-                 tok: Tokenizer | None = None) -> list[Encoding]:
-    """Encode (text, pair) jobs with ``tok`` (in a worker process: the tokenizer it inherited)."""
-    jobs, kwargs = work
-    tok = tok or _WORKER_TOKENIZER
-    assert tok is not None
-    gc.disable()
-    return [tok.encode(text, pair, **kwargs) for text, pair in jobs]
-
-
-def _encode_ordinary_jobs(texts: Sequence[str]) -> list[list[int]]:
-    assert _WORKER_TOKENIZER is not None
-    return [_WORKER_TOKENIZER.encode_ordinary(t) for t in texts]

@@ -83,6 +83,7 @@ class BPETokenizer(Tokenizer):
         self.glued = glued
         self.pattern_name = pattern
         self.pattern = compile_pattern(pattern)
+        self.contiguous = pattern in ("gpt2", "gpt4")
         self.merges: list[tuple[str, str]] = [(a, b) for a, b in merges]
         self.ranks: dict[tuple[int, int], tuple[int, int]] = {}
         for rank, (a, b) in enumerate(self.merges):

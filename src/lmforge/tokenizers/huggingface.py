@@ -22,6 +22,7 @@ from lmforge.tokenizers.bpe import BPETokenizer, merge_once
 from lmforge.tokenizers.byte_bpe import ByteLevelBPETokenizer
 from lmforge.tokenizers.normalize import BertNormalizer
 from lmforge.tokenizers.pretokenize import GPT4_SPLIT
+from lmforge.tokenizers.template import parse_template
 from lmforge.tokenizers.wordpiece import WordPieceTokenizer
 
 # Common names of special tokens, to guess their roles in a foreign file.
@@ -119,14 +120,10 @@ def _post_processor(tok: Tokenizer) -> dict[str, Any] | None:
         return None
 
     def items(names: list[str]) -> list[dict[str, Any]]:
-        out = []
-        for item in names:
-            name, _, type_id = item.rpartition(":") if item.rpartition(":")[2].isdigit() else (item, "", "0")
-            key = "Sequence" if name.startswith("$") else "SpecialToken"
-            out.append({key: {"id": name.lstrip("$") if key == "Sequence" else name, "type_id": int(type_id)}})
-        return out
+        return [{"Sequence": {"id": name[1:], "type_id": t}} if name.startswith("$")
+                else {"SpecialToken": {"id": name, "type_id": t}} for name, t in parse_template(tuple(names))]
 
-    used = {n.rpartition(":")[0] or n for key in ("single", "pair") for n in tok.template[key]}
+    used = {n for key in ("single", "pair") for n, _ in parse_template(tuple(tok.template[key]))}
     specials = {n: {"id": n, "ids": [tok.vocab[n]], "tokens": [n]} for n in used if not n.startswith("$")}
     return {"type": "TemplateProcessing", "single": items(tok.template["single"]),
             "pair": items(tok.template["pair"]), "special_tokens": specials}

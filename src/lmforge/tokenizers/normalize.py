@@ -20,10 +20,12 @@ import regex
 
 from lmforge.tokenizers.pretokenize import WHITESPACE_CHARS
 
-# The blocks BERT treats as CJK ideographs (each one becomes a word of its own).
+# The blocks BERT treats as CJK ideographs (each one becomes a word of its own). Hugging Face's
+# Rust normalizer starts the sixth block at U+2B920 (Google's BERT code: U+2B820); we follow the
+# Rust one, which is what BertTokenizerFast runs.
 CJK_RANGES = (
     (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+    (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
 )
 
 # ASCII characters BERT's cleaner drops: control characters except tab, newline and return.
@@ -42,12 +44,14 @@ def is_cjk(ch: str) -> bool:
 
 
 def is_control(ch: str) -> bool:
-    """True for characters BERT's cleaner removes: any Unicode ``C*`` category but tab/newline/return.
+    """True for characters BERT's cleaner removes: categories Cc, Cf, Co, Cs, but not tab/newline/return.
 
-    >>> is_control("\\x07"), is_control("\\n"), is_control("\\u200b")
-    (True, False, True)
+    Unassigned code points (Cn) stay, as in Hugging Face's normalizer.
+
+    >>> is_control("\\x07"), is_control("\\n"), is_control("\\u200b"), is_control("\\u0378")
+    (True, False, True, False)
     """
-    return ch not in "\t\n\r" and unicodedata.category(ch)[0] == "C"
+    return ch not in "\t\n\r" and unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs")
 
 
 def strip_accents(text: str) -> str:

@@ -62,7 +62,8 @@ class WordPieceTokenizer(Tokenizer):
 
     def __init__(self, tokens: Sequence[str], *, prefix: str = "##", max_input_chars_per_word: int = 100,
                  normalizer: BertNormalizer | None = None, cleanup: bool = True, **base: Any) -> None:
-        base.setdefault("template", BERT_TEMPLATE)
+        if base.get("template") is None and {"[CLS]", "[SEP]"} <= set(base.get("special_tokens", ())):
+            base["template"] = BERT_TEMPLATE
         super().__init__(tokens, **base)
         self.prefix = prefix
         self.max_input_chars_per_word = max_input_chars_per_word

@@ -79,6 +79,15 @@ def dedupe_tied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def alias_names(model: torch.nn.Module) -> set[str]:
+    """State-dict names that are aliases of an earlier name (tied weights), e.g. {"lm_head.proj.weight"}.
+
+    Computed on the plain model: FSDP's gathered state dict holds tied weights as separate copies.
+    """
+    own = model.state_dict()
+    return set(own) - set(dedupe_tied(own))
+
+
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
     """Copy saved weights into ``model``; a missing, extra or misshapen tensor is an LmforgeError."""
     own = model.state_dict()
@@ -91,7 +100,7 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where
                 "in this model; the model config differs from the run's"
             )
     missing, _ = model.load_state_dict(weights, strict=False)
-    tied = set(own) - set(dedupe_tied(own))  # names that are aliases of a saved tensor
+    tied = alias_names(model)  # names that are aliases of a saved tensor
     missing = [m for m in missing if m not in tied]
     if missing:
         raise LmforgeError(f"{where}: the checkpoint lacks {len(missing)} tensors of this model, e.g. {missing[0]}")

@@ -20,7 +20,7 @@ import os
 import tempfile
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -301,12 +301,34 @@ def _normal(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
+def default_recipe(model: Any, config: TrainConfig) -> dict[str, Any]:
+    """``{"model": <model.config as a dict, if any>, "train": config}``: what config.yaml holds by default."""
+    recipe: dict[str, Any] = {}
+    model_config = getattr(model, "config", None)
+    if is_dataclass(model_config) and not isinstance(model_config, type):
+        recipe["model"] = {"class": type(model).__name__, **_plain(model_config)}
+    recipe["train"] = config.to_dict()
+    return recipe
+
+
+def _plain(obj: Any) -> Any:
+    """A dataclass as YAML-safe builtins (tuples as lists)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _plain(v) for k, v in vars(obj).items() if not k.startswith("_")}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return obj
+
+
 __all__ = [
     "Precision",
     "Schedule",
     "TrainConfig",
     "apply_overrides",
     "coerce",
+    "default_recipe",
     "diff_recipes",
     "load_recipe",
     "parse_override",

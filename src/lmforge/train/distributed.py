@@ -120,11 +120,17 @@ def wrap(model: nn.Module, env: DistEnv, device: torch.device, fsdp: bool, use_d
     if fsdp:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+        from lmforge.nn import TransformerLayer
+
+        # Each Transformer layer is its own FSDP unit: only one layer's full weights exist at a time.
         # use_orig_params keeps the model's own parameters visible, so the AdamW groups (decay or not)
         # can be built after wrapping exactly as for one process.
+        has_layers = any(isinstance(m, TransformerLayer) for m in model.modules())
+        policy = ModuleWrapPolicy({TransformerLayer}) if has_layers else None
         return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
-                    device_id=device)  # CPU works too (gloo), for tests
+                    auto_wrap_policy=policy, device_id=device)  # CPU works too (gloo), for tests
     if not use_ddp:
         raise LmforgeError("train.ddp is false but WORLD_SIZE > 1: set train.ddp=true or train.fsdp=true")
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
@@ -179,22 +185,17 @@ def full_state_dict(model: nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's state, gathered to rank 0 under FSDP (collective: every rank calls it).
+    """The optimizer's whole state keyed by parameter name (collective under FSDP: every rank calls it).
 
-    FSDP's full optimizer state is keyed by parameter name, a plain state_dict by parameter index.
+    Names rather than positions make a checkpoint loadable with or without DDP / FSDP wrappers.
     """
-    if is_fsdp(model):
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(model, optimizer, options=_full_options(_on_gpu(model)))
-    return optimizer.state_dict()
+    return get_optimizer_state_dict(model, optimizer, options=_full_options(is_fsdp(model) and _on_gpu(model)))
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Inverse of ``full_optimizer_state``: each FSDP rank keeps its own shard of the full state."""
-    if is_fsdp(model):
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    """Inverse of ``full_optimizer_state``: under FSDP each rank keeps its own shard of the full state."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, optimizer, state, options=_full_options(offload=False))
-        return
-    optimizer.load_state_dict(state)
+    set_optimizer_state_dict(model, optimizer, state, options=_full_options(offload=False))

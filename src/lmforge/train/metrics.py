@@ -84,10 +84,12 @@ class EvalAccumulator:
         if loss is not None and n > 0:
             self._add("loss", float(loss), n)
         logits, labels = getattr(output, "logits", None), batch.get("labels")
-        if logits is not None and labels is not None and logits.shape[:-1] == labels.shape and labels.dim() > 1:
-            s = self.shift
-            pred = logits[:, : logits.shape[1] - s].argmax(-1)  # (B, T - s)
-            target = labels[:, s:]  # (B, T - s)
+        if logits is not None and labels is not None and logits.shape[:-1] == labels.shape:
+            if labels.dim() > 1:  # tokens: (B, T, V) against (B, T), the model's shift applied
+                s = self.shift
+                pred, target = logits[:, : logits.shape[1] - s].argmax(-1), labels[:, s:]  # (B, T - s)
+            else:  # one label per row: (B, C) against (B,)
+                pred, target = logits.argmax(-1), labels
             mask = target != IGNORE_INDEX
             if mask.any():
                 self._add("accuracy", float((pred[mask] == target[mask]).float().mean()), float(mask.sum()))

@@ -25,7 +25,7 @@ import signal
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,13 +39,14 @@ from lmforge.errors import LmforgeError
 from lmforge.train import distributed as D
 from lmforge.train.checkpoint import (
     Checkpoint,
+    alias_names,
     capture_rng,
     latest_checkpoint,
     load_weights,
     restore_rng,
     save_checkpoint,
 )
-from lmforge.train.config import TrainConfig, diff_recipes, save_recipe
+from lmforge.train.config import TrainConfig, default_recipe, diff_recipes, save_recipe
 from lmforge.train.logs import RunLog, info
 from lmforge.train.metrics import EvalAccumulator, count_targets, count_tokens, label_shift
 from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
@@ -123,9 +124,14 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ setup
 
     def _prepare_run_dir(self) -> Checkpoint | None:
-        """Check the saved recipe, save ours, find the checkpoint to resume from."""
+        """Find the checkpoint to resume from, check that it is a run of this model, save the recipe."""
         saved_path = self.run_dir / "config.yaml"
-        if saved_path.is_file():
+        if self.env.is_main:  # rank 0 alone removes what an interrupted save left behind
+            ckpt = latest_checkpoint(self.run_dir, clean=True)
+        D.barrier(self.env)
+        if not self.env.is_main:
+            ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is not None and saved_path.is_file():
             saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
             changed = diff_recipes(saved, self.recipe)
             fatal = [k for k in changed if k.split(".")[0] in SHAPE_SECTIONS]
@@ -140,10 +146,6 @@ class Trainer:
         if self.env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_recipe(self.recipe, saved_path)
-            ckpt = latest_checkpoint(self.run_dir, clean=True)
-        D.barrier(self.env)
-        if not self.env.is_main:
-            ckpt = latest_checkpoint(self.run_dir)
         return ckpt
 
     def _autocast(self):
@@ -174,6 +176,7 @@ class Trainer:
             load_weights(self.model, ckpt.weights(), ckpt.path / "model.safetensors")
         self.model.to(self.device)
         no_decay = no_decay_names(self.model)  # before FSDP flattens the parameters
+        self.aliases = alias_names(self.model)  # tied weights, saved once
         self.wrapped = D.wrap(self.model, env, self.device, fsdp=cfg.fsdp, use_ddp=cfg.ddp)
         self.forward_model = torch.compile(self.wrapped) if cfg.compile else self.wrapped
         self.optimizer = build_optimizer(self.wrapped, cfg, self.device, no_decay)
@@ -285,6 +288,7 @@ class Trainer:
         if total.item() == 0:
             raise LmforgeError(f"step {step} has no loss targets (every label is -100)")
         weights = n.double() * env.world_size / total  # n_i · W / N: DDP divides the summed gradients by W
+        empty = (n == 0).tolist()
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         for i, batch in enumerate(batches):
             with D.no_sync(self.wrapped, skip=i < cfg.grad_accum - 1), self._autocast():
@@ -292,6 +296,8 @@ class Trainer:
                 if getattr(out, "loss", None) is None:
                     raise LmforgeError("the model returned no loss: does the batch carry labels?")
                 loss_i = out.loss  # () mean over this micro-batch's targets
+                if empty[i] and getattr(out, "logits", None) is not None:
+                    loss_i = out.logits.sum() * 0.0  # no targets: the mean is 0/0; contribute 0 instead
                 self.scaler.scale(loss_i * weights[i].to(loss_i.dtype)).backward()
             loss_sum += loss_i.detach().double() * weights[i] / env.world_size
         stats = torch.stack([loss_sum, torch.tensor(float(sum(count_tokens(b) for b in batches)),
@@ -314,7 +320,8 @@ class Trainer:
         model = self.wrapped if fsdp else D.unwrap(self.wrapped)
         model.eval()
         acc = EvalAccumulator(self.shift)
-        for i, batch in enumerate(self.source.eval_batches()):
+        eval_batches = getattr(self.source, "eval_batches", None)
+        for i, batch in enumerate(eval_batches() if eval_batches else []):
             if cfg.eval_batches and i >= cfg.eval_batches:
                 break
             if not fsdp and i % env.world_size != env.rank:
@@ -336,11 +343,15 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Checkpoint the current step (collective: every process calls it; rank 0 writes)."""
-        weights = D.full_state_dict(self.wrapped, self.env)
+        weights = {k: v for k, v in D.full_state_dict(self.wrapped, self.env).items() if k not in self.aliases}
         optim = D.full_optimizer_state(self.wrapped, self.optimizer)
         rngs = D.gather_objects(capture_rng(), self.env)
         path = None
         if self.env.is_main:
+            bad = next((k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+            if bad is not None:  # never let a broken state become the "last good" checkpoint
+                raise LmforgeError(f"non-finite weights ({bad}) at step {self.step}; not saving, training stopped; "
+                                   f"the last good checkpoint is {self._latest_name()}")
             state = {
                 "tokens": self.tokens,
                 "best_eval_loss": self.best_eval_loss,
@@ -381,27 +392,6 @@ class Trainer:
     def _latest_name(self) -> str:
         ckpt = latest_checkpoint(self.run_dir) if self.run_dir.exists() else None
         return str(ckpt.path) if ckpt else "none (no checkpoint was written yet)"
-
-
-def default_recipe(model: nn.Module, config: TrainConfig) -> dict[str, Any]:
-    """``{"model": <model.config as a dict, if any>, "train": config}``: what config.yaml holds by default."""
-    recipe: dict[str, Any] = {}
-    model_config = getattr(model, "config", None)
-    if is_dataclass(model_config) and not isinstance(model_config, type):
-        recipe["model"] = {"class": type(model).__name__, **_plain(model_config)}
-    recipe["train"] = config.to_dict()
-    return recipe
-
-
-def _plain(obj: Any) -> Any:
-    """A dataclass as YAML-safe builtins (tuples as lists)."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {k: _plain(v) for k, v in vars(obj).items() if not k.startswith("_")}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    return obj
 
 
 def train(

@@ -1,0 +1,148 @@
+"""Fine-tuning end to end on tiny models: the four strategies through the CLI, saving and reloading,
+evaluate / predict, Hugging Face starting points, and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmforge.cli import main
+from lmforge.errors import LmforgeError
+from lmforge.finetune import FinetuneArgs, finetune, load_finetuned, predict_lines
+from lmforge.models import EncoderForPreTraining, get_preset, save_pretrained
+from lmforge.tokenizers import KINDS
+
+SURE = ["the cat sat on the mat", "the sun is hot today", "a dog ran in the park", "we ate the bread"]
+UNSURE = ["maybe the cat sat", "it could possibly rain", "perhaps a dog ran", "we might eat bread"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A bert-tiny encoder (with its pre-training heads) and a WordPiece tokenizer, as lmforge saves them."""
+    root = tmp_path_factory.mktemp("ft")
+    tok = KINDS["wordpiece"].train(SURE + UNSURE, 150, 1)
+    torch.manual_seed(0)
+    save_pretrained(EncoderForPreTraining(get_preset("bert-tiny", vocab_size=tok.vocab_size)), root / "base", tok)
+    rows = [("certain", t) for t in SURE] + [("uncertain", t) for t in UNSURE]
+    (root / "train.csv").write_text("label,text\n" + "\n".join(f"{lab},{t}" for lab, t in rows * 4) + "\n")
+    (root / "dev.csv").write_text("label,text\n" + "\n".join(f"{lab},{t}" for lab, t in rows) + "\n")
+    tagged = [" ".join(f"{w}/{'DT' if w in ('the', 'a') else 'NN'}" for w in t.split()) for t in SURE + UNSURE]
+    (root / "tags.txt").write_text("\n".join(tagged * 3) + "\n")
+    return root
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("strategy, extra", [("full", []), ("frozen", []), ("frozen", ["--mix"]),
+                                             ("lora", []), ("adapter", [])])
+def test_every_strategy_trains_evaluates_and_predicts_from_the_cli(base, tmp_path, capsys, strategy, extra):
+    out = tmp_path / strategy
+    code, stdout, _ = cli(capsys, "finetune", "--model", str(base / "base"), "--task", "seq-cls", "--train",
+                          str(base / "train.csv"), "--eval", str(base / "dev.csv"), "--strategy", strategy,
+                          "--out", str(out), "--max-steps", "3", "--batch-size", "8", "--no-progress", *extra)
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["trainable_params"] > 0 and summary["checkpoint_bytes"] > 0 and summary["peak_rss_bytes"] > 0
+    assert summary["eval"]["n"] == 8 and 0 <= summary["eval"]["accuracy"] <= 1
+    delta = strategy in ("lora", "adapter") or extra
+    assert (out / ("adapter.safetensors" if delta else "model.safetensors")).is_file()
+    assert (out / "confusion.png").is_file() and not (out / "run" / "checkpoints").exists()
+    if strategy != "full":
+        assert summary["trainable_ratio"] < 0.5
+    code, stdout, _ = cli(capsys, "evaluate", "--model", str(out), "--data", str(base / "dev.csv"))
+    assert code == 0 and json.loads(stdout)["accuracy"] == summary["eval"]["accuracy"]
+    code, stdout, _ = cli(capsys, "predict", "--model", str(out), "maybe it rains", "the cat sat")
+    lines = [json.loads(x) for x in stdout.splitlines()]
+    assert len(lines) == 2 and lines[0]["label"] in ("certain", "uncertain")
+    assert sum(lines[0]["probabilities"].values()) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_full_fine_tuning_learns_a_separable_task(base, tmp_path):
+    report = finetune(FinetuneArgs(model=str(base / "base"), task="seq-cls", train=str(base / "train.csv"),
+                                   eval=str(base / "dev.csv"), out=str(tmp_path / "o"), lr=3e-3, max_steps=40,
+                                   batch_size=8, progress=False))
+    assert report["eval"]["accuracy"] == 1.0
+
+
+def test_lora_directory_reloads_to_the_same_predictions_merged(base, tmp_path):
+    args = FinetuneArgs(model=str(base / "base"), task="seq-cls", train=str(base / "train.csv"), strategy="lora",
+                        out=str(tmp_path / "lora"), lr=1e-2, max_steps=5, batch_size=8, progress=False)
+    report = finetune(args)
+    assert report["checkpoint_bytes"] == (tmp_path / "lora" / "adapter.safetensors").stat().st_size
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    assert config["labels"] == ["certain", "uncertain"] and config["strategy"] == "lora"
+    model, tok, info = load_finetuned(tmp_path / "lora")
+    assert info["labels"] == ["certain", "uncertain"]
+    import lmforge
+
+    again_model, again_tok = lmforge.load(tmp_path / "lora")  # lmforge.load rebuilds adapter directories too
+    assert type(again_model) is type(model) and again_tok.vocab_size == tok.vocab_size
+    merged = predict_lines(model, tok, info, SURE + UNSURE)
+    from lmforge.nn.lora import unmerge_lora
+
+    unmerge_lora(model)
+    unmerged = predict_lines(model, tok, info, SURE + UNSURE)
+    for a, b in zip(merged, unmerged, strict=True):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+    finetune(FinetuneArgs(**{**vars(args), "out": str(tmp_path / "merged"), "merge": True}))
+    full, tok2, info2 = load_finetuned(tmp_path / "merged")  # a plain model directory: lmforge.load reads it
+    again = predict_lines(full, tok2, info2, SURE + UNSURE)
+    for a, b in zip(merged, again, strict=True):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+
+
+def test_token_classification_labels_every_word(base, tmp_path, capsys):
+    out = tmp_path / "pos"
+    code, stdout, _ = cli(capsys, "finetune", "--model", str(base / "base"), "--task", "token-cls", "--train",
+                          str(base / "tags.txt"), "--eval", str(base / "tags.txt"), "--strategy", "lora",
+                          "--out", str(out), "--max-steps", "3", "--no-progress")
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["eval"]["n"] == sum(len(t.split()) for t in SURE + UNSURE) * 3
+    assert "token_accuracy" in summary["eval"]
+    code, stdout, _ = cli(capsys, "predict", "--model", str(out), "the cat sat", "")
+    first, blank = (json.loads(x) for x in stdout.splitlines())
+    assert first["words"] == ["the", "cat", "sat"] and len(first["labels"]) == 3
+    assert set(first["labels"]) <= {"DT", "NN"} and blank["words"] == []
+
+
+def test_hugging_face_bert_directory_as_starting_model(base, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tok = KINDS["wordpiece"].train(SURE + UNSURE, 150, 1)
+    hf = tmp_path / "hf"
+    config = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    transformers.BertModel(config).save_pretrained(hf)
+    (hf / "vocab.txt").write_text("\n".join(tok.id_to_token) + "\n")
+    report = finetune(FinetuneArgs(model=str(hf), task="seq-cls", train=str(base / "train.csv"), strategy="lora",
+                                   eval=str(base / "dev.csv"), out=str(tmp_path / "o"), max_steps=2, progress=False))
+    assert report["eval"]["n"] == 8
+    model, _, info = load_finetuned(tmp_path / "o")
+    assert info["task"] == "seq-cls" and model.encoder.config.d_model == 32
+
+
+def test_bad_input_gives_one_line_errors(base, tmp_path, capsys):
+    (tmp_path / "dev.csv").write_text("label,text\ncertain,the cat\nunheard,the dog\n")
+    common = ["finetune", "--model", str(base / "base"), "--task", "seq-cls", "--train", str(base / "train.csv"),
+              "--out", str(tmp_path / "o"), "--max-steps", "1", "--no-progress"]
+    code, _, err = cli(capsys, *common, "--eval", str(tmp_path / "dev.csv"))
+    assert code == 2 and err.count("\n") == 1
+    assert "dev.csv:3: label 'unheard' never seen in training" in err
+    (tmp_path / "empty.csv").write_text("label,text\ncertain,\n")
+    code, _, err = cli(capsys, *common, "--eval", str(tmp_path / "empty.csv"))
+    assert code == 2 and "empty.csv:2: empty 'text'" in err
+    other = KINDS["wordpiece"].train(["completely different words here"] * 3, 60, 1)
+    other.save(tmp_path / "tok")
+    with pytest.raises(LmforgeError, match=r"tokenizer has .* tokens but the model .* expects vocab_size"):
+        from lmforge.finetune import build_task_model
+
+        build_task_model(base / "base", "seq-cls", 2, tmp_path / "tok")
+    code, _, err = cli(capsys, "predict", "--model", str(base / "base"), "hello")
+    assert code == 2 and "has no classification head" in err
