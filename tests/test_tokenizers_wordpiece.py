@@ -190,7 +190,7 @@ STABLE_CHARS = st.one_of([st.characters(min_codepoint=lo, max_codepoint=hi) for 
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=STABLE_CHARS, max_size=40))
 def test_ids_identical_to_transformers_on_random_text(ours, hf, s):
-    assert ours.encode(s).ids == hf(s)["input_ids"]
+    assert ours.encode(s, allowed_special="all").ids == hf(s)["input_ids"]  # HF always matches them
 
 
 @settings(max_examples=200, deadline=None)

@@ -158,7 +158,11 @@ def build_pretraining_model(section: dict[str, Any], tokenizer, objective: str):
         if value is not None:
             ids[name] = value
     config = get_preset(preset, **{**_known(preset, ids), **section})
-    return build_model(config, OBJECTIVES[objective])
+    model = build_model(config, OBJECTIVES[objective])
+    if objective == "mlm":  # no next-sentence task: the pooler and NSP head get no gradient (DDP would refuse them)
+        for module in (model.encoder.pooler, model.nsp):
+            module.requires_grad_(False)
+    return model
 
 
 def _known(preset: str, values: dict[str, Any]) -> dict[str, Any]:
