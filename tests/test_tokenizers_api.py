@@ -173,6 +173,11 @@ def test_cli_train_encode_decode(tmp_path, capsys, monkeypatch, kind):
     code, out, _ = run_cli(capsys, "decode", "--tokenizer", str(out_dir), "--skip-special",
                            json.dumps(records[1]["ids"]))
     assert code == 0 and json.loads(out)["text"].replace(" ", "") == "thedogsat"
+    # encode's output pipes straight into decode (one JSON object per line).
+    code, out, _ = run_cli(capsys, "decode", "--tokenizer", str(out_dir), "--skip-special",
+                           stdin="\n".join(json.dumps(r) for r in records) + "\n", monkeypatch=monkeypatch)
+    assert code == 0 and [json.loads(line)["text"].replace(" ", "") for line in out.splitlines()] == [
+        "thecat", "thedogsat"]
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):

@@ -153,3 +153,21 @@ def test_toy_example_prints_the_seed_steps():
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
     assert "merge (a,b) = 4 -> A" in out and "merge (B,\\w) = 2 -> D" in out
     assert "no pair occurs more than once: stop" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pre", ["Whitespace", "WhitespaceSplit", "BertPreTokenizer"])
+def test_huggingface_trained_bpe_with_suffix_imports_exactly(shakespeare, pre):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from lmforge.tokenizers import from_huggingface
+
+    hf = Tokenizer(models.BPE(end_of_word_suffix="</w>"))  # no unk token: unknown characters vanish
+    hf.pre_tokenizer = getattr(pre_tokenizers, pre)()
+    hf.decoder = decoders.BPEDecoder(suffix="</w>")
+    hf.train_from_iterator([shakespeare[:150_000]], trainers.BpeTrainer(
+        vocab_size=800, end_of_word_suffix="</w>", show_progress=False))
+    ours = from_huggingface(json.loads(hf.to_str()))
+    text = shakespeare[150_000:200_000] + " Zürich ☃ don't"
+    assert ours.encode(text).tokens == hf.encode(text).tokens
+    assert ours.decode(ours.encode(text).ids) == hf.decode(hf.encode(text).ids)

@@ -10,7 +10,8 @@ A recipe is a YAML file with four sections (see ``configs/``)::
 Everything lands in the run directory ``out``: ``tokenizer/``, ``corpus/``, ``config.yaml``,
 ``checkpoints/``, ``log.jsonl``, ``loss.png`` and, at the end, ``model/`` (config.json, model.safetensors,
 tokenizer.json: ``lmforge.load(out / "model")``). Running the same command again resumes the run.
-The file name ``shakespeare`` in ``data.files`` stands for the 42 works fetched by ``lmforge.data.sources``.
+In ``data.files``, ``shakespeare`` stands for the 42 works and ``bible-en-es`` for the training verse pairs,
+both fetched by ``lmforge.data.sources``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from lmforge.errors import LmforgeError
 
 OBJECTIVES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
               "seq2seq": "Seq2Seq"}
-NAMED_CORPORA = {"shakespeare": sources.shakespeare_files}
+NAMED_CORPORA = {
+    "shakespeare": sources.shakespeare_files,
+    "bible-en-es": lambda: [sources.bible_pairs()["train"]],  # TSV english<TAB>spanish, test books held out
+}
 
 
 @dataclass

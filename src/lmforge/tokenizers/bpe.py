@@ -63,6 +63,18 @@ def apply_merges(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int],
         pass
 
 
+def drop_unknown(ids: list[int], spans: list[Span]) -> tuple[list[int], list[Span]]:
+    """Remove the symbols marked -1 (unknown, no unk token) with their spans.
+
+    >>> drop_unknown([3, -1, 4], [(0, 1), (1, 2), (2, 3)])
+    ([3, 4], [(0, 1), (2, 3)])
+    """
+    if -1 not in ids:
+        return ids, spans
+    kept = [(i, s) for i, s in zip(ids, spans, strict=True) if i != -1]
+    return [i for i, _ in kept], [s for _, s in kept]
+
+
 class BPETokenizer(Tokenizer):
     """Sennrich BPE: words split on spaces and punctuation, characters plus ``</w>``, learned merges.
 
@@ -94,15 +106,17 @@ class BPETokenizer(Tokenizer):
 
     # ---- encoding ----------------------------------------------------------------------------
     def _symbol_id(self, symbol: str) -> int:
+        """Id of an initial symbol; the unk id if unknown, or -1 (dropped) when there is no unk token."""
         i = self.vocab.get(symbol)
         if i is None:
             i = self.unk_id
-            if i is None:
-                raise LmforgeError(f"character {symbol!r} is not in the vocabulary and there is no unk token")
-        return i
+        return -1 if i is None else i
 
     def _symbols(self, word: str) -> tuple[list[int], list[Span]]:
-        """Initial symbols of a word: its characters, then the end-of-word marker."""
+        """Initial symbols of a word: its characters, then the end-of-word marker.
+
+        Unknown characters become the unk token, or are dropped without one (as Hugging Face does).
+        """
         ids = [self._symbol_id(c) for c in word]
         spans = [(i, i + 1) for i in range(len(word))]
         if self.end_of_word is not None and self.glued and word:
@@ -110,7 +124,7 @@ class BPETokenizer(Tokenizer):
         elif self.end_of_word is not None:
             ids.append(self._symbol_id(self.end_of_word))
             spans.append((len(word), len(word)))
-        return ids, spans
+        return drop_unknown(ids, spans)
 
     def _word_pieces(self, word: str) -> WordPieces:
         ids, spans = self._symbols(word)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from lmforge.tokenizers.bpe import BPETokenizer, Span
+from lmforge.tokenizers.bpe import BPETokenizer, Span, drop_unknown
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -86,10 +86,7 @@ class ByteLevelBPETokenizer(BPETokenizer):
 
     def _symbols(self, word: str) -> tuple[list[int], list[Span]]:
         byte_ids = self._byte_ids
-        ids = [byte_ids[b] for b in word.encode("utf-8")]
-        if -1 in ids:
-            self._symbol_id(to_visible(word)[ids.index(-1)])  # raises: byte missing, no unk token
-        return ids, byte_spans(word)
+        return drop_unknown([byte_ids[b] for b in word.encode("utf-8")], byte_spans(word))
 
     def _decode_plain(self, tokens: list[str]) -> str:
         return from_visible("".join(tokens))

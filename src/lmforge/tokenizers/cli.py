@@ -60,7 +60,7 @@ def _parse_ids(line: str, where: str) -> list[int]:
     """``[1, 2, 3]``, ``1 2 3`` or ``1,2,3``; anything else is a one-line error."""
     line = line.strip()
     try:
-        ids = json.loads(line) if line.startswith("[") else [int(x) for x in line.replace(",", " ").split()]
+        ids = json.loads(line) if line[:1] in "[{" else [int(x) for x in line.replace(",", " ").split()]
     except ValueError:
         raise LmforgeError(f"{where}: expected token ids such as [1, 2, 3], got {line[:60]!r}") from None
     if isinstance(ids, dict):

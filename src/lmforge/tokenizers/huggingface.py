@@ -21,7 +21,7 @@ from lmforge.tokenizers.base import Tokenizer
 from lmforge.tokenizers.bpe import BPETokenizer, merge_once
 from lmforge.tokenizers.byte_bpe import ByteLevelBPETokenizer
 from lmforge.tokenizers.normalize import BertNormalizer
-from lmforge.tokenizers.pretokenize import GPT4_SPLIT
+from lmforge.tokenizers.pretokenize import BERT_SPLIT, GPT4_SPLIT
 from lmforge.tokenizers.template import parse_template
 from lmforge.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -99,7 +99,12 @@ def from_huggingface(data: dict[str, Any], source: str = "tokenizer.json") -> To
             pattern = "gpt4" if split and split.get("pattern", {}).get("Regex") == GPT4_SPLIT else "gpt2"
             return ByteLevelBPETokenizer(tokens, merges, pattern=pattern, **base)
         eow = model.get("end_of_word_suffix") or None
-        return BPETokenizer(tokens, merges, end_of_word=eow, glued=eow is not None, **base)
+        pattern = "whitespace"
+        if _find(pre, "WhitespaceSplit"):
+            pattern = r"\S+"
+        elif _find(pre, "BertPreTokenizer"):
+            pattern = BERT_SPLIT.pattern
+        return BPETokenizer(tokens, merges, end_of_word=eow, glued=eow is not None, pattern=pattern, **base)
     except KeyError as err:
         raise LmforgeError(f"{source}: missing field {err.args[0]!r}") from None
     except LmforgeError as err:
@@ -158,7 +163,8 @@ def to_huggingface(tok: Tokenizer) -> dict[str, Any]:
             out["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                               "use_regex": True}
         else:
-            out["pre_tokenizer"] = {"type": "Whitespace"}
+            out["pre_tokenizer"] = {"type": {"whitespace": "Whitespace", r"\S+": "WhitespaceSplit"}.get(
+                tok.pattern_name, "BertPreTokenizer" if tok.pattern_name == BERT_SPLIT.pattern else "Whitespace")}
             out["decoder"] = {"type": "BPEDecoder", "suffix": tok.end_of_word or ""}
             bpe["end_of_word_suffix"] = tok.end_of_word
             if not tok.glued:
