@@ -15,6 +15,15 @@ from lmforge.models.outputs import ModelOutput
 from lmforge.models.seq2seq import Seq2Seq
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy machine the threads wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def sharpen(model: nn.Module, seed: int, std: float = 0.15) -> nn.Module:
     """Random weights large enough that the next-token distribution is far from uniform (no near-ties)."""
     g = torch.Generator().manual_seed(seed)
@@ -65,26 +74,20 @@ def test_cache_equals_recomputation_left_padded(kind: str, gpt: Decoder, s2s: Se
 
 # -- parity with transformers ----------------------------------------------------------------------
 def hf_gpt2_and_ours(seed: int = 0):
-    """A random-weight transformers GPT-2 and the same weights in our Decoder."""
+    """A random-weight transformers GPT-2 and the same weights in our Decoder (through lmforge.interop)."""
     transformers = pytest.importorskip("transformers")
+    from lmforge.interop.gpt2 import config_from_hf, weights_from_hf
+    from lmforge.models.registry import load_weights
+
     config = transformers.GPT2Config(vocab_size=300, n_positions=128, n_embd=64, n_layer=2, n_head=4, n_inner=256,
                                      activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                                      attn_pdrop=0.0, initializer_range=0.15, bos_token_id=299, eos_token_id=299)
     torch.manual_seed(seed)
     hf = transformers.GPT2LMHeadModel(config).eval()
-    ours = Decoder(get_preset("gpt-tiny", vocab_size=300, dropout=0.0, attention_dropout=0.0, eos_id=299)).eval()
-    sd = hf.state_dict()
-    mapped = {"tok_emb.weight": sd["transformer.wte.weight"], "pos_emb.embedding.weight": sd["transformer.wpe.weight"],
-              "norm_f.weight": sd["transformer.ln_f.weight"], "norm_f.bias": sd["transformer.ln_f.bias"],
-              "lm_head.proj.weight": sd["transformer.wte.weight"]}
-    names = {"ln_1": "norm1", "ln_2": "norm2", "attn.c_attn": "self_attn.in_proj", "attn.c_proj": "self_attn.out_proj",
-             "mlp.c_fc": "ffn.fc1", "mlp.c_proj": "ffn.fc2"}
-    for i in range(config.n_layer):
-        for theirs, mine in names.items():
-            w, b = sd[f"transformer.h.{i}.{theirs}.weight"], sd[f"transformer.h.{i}.{theirs}.bias"]
-            mapped[f"layers.{i}.{mine}.weight"] = w if theirs.startswith("ln") else w.t()  # Conv1D is (in, out)
-            mapped[f"layers.{i}.{mine}.bias"] = b
-    ours.load_state_dict(mapped)
+    ours = Decoder(config_from_hf(config.to_dict(), "test")).eval()
+    tensors, unused = weights_from_hf(hf.state_dict(), config.n_layer, True, "test")
+    assert not unused
+    load_weights(ours, tensors, "test")
     return hf, ours
 
 
@@ -206,6 +209,8 @@ def test_bad_options_raise_one_line_errors(gpt: Decoder) -> None:
                           ({"beams": 2, "temperature": 0.7}, "beams"), ({"max_new_tokens": 500}, "max_new_tokens")]:
         with pytest.raises(LmforgeError, match=field):
             generate(gpt, ids, **kwargs)
+    with pytest.raises(LmforgeError, match="input_ids"):
+        generate(gpt, torch.tensor([1, 2, 3]))
 
 
 # -- a toy model with fixed transition probabilities: p(next | last token) -----------------------

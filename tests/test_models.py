@@ -215,10 +215,14 @@ def test_heads_losses():
     labels = torch.full_like(x, -100)
     labels[:, 2] = x[:, 2]
     out = pre(x, labels=labels, next_sentence_label=torch.tensor([0, 1]))
-    assert out.logits.shape == (2, 6, 1000) and out.next_sentence_logits.shape == (2, 2)
-    mlm = torch.nn.functional.cross_entropy(out.logits[:, 2], x[:, 2])
+    full = pre(x).logits
+    assert full.shape == (2, 6, 1000) and out.next_sentence_logits.shape == (2, 2)
+    assert out.logits.shape == (2, 1000)  # with labels: only the labelled positions are scored
+    torch.testing.assert_close(out.logits, full[:, 2], atol=1e-5, rtol=1e-5)
+    mlm = torch.nn.functional.cross_entropy(full[:, 2], x[:, 2])
     nsp = torch.nn.functional.cross_entropy(out.next_sentence_logits, torch.tensor([0, 1]))
-    torch.testing.assert_close(out.loss, mlm + nsp)
+    torch.testing.assert_close(out.loss, mlm + nsp, atol=1e-5, rtol=1e-5)
+    assert out.metrics["mlm_accuracy"] == float((full[:, 2].argmax(-1) == x[:, 2]).float().mean())
     seq = EncoderForSequenceClassification(c, num_labels=3).eval()
     out = seq(x, labels=torch.tensor([0, 2]))
     assert out.logits.shape == (2, 3) and out.loss.ndim == 0

@@ -87,7 +87,7 @@ def test_encoding_identical_to_huggingface(shakespeare, pattern, tmp_path):
     hf = Tokenizer.from_str(json.dumps(to_huggingface(tok)))
     text = shakespeare[150_000:] + HARD
     ours, theirs = tok.encode(text), hf.encode(text)
-    assert ours.ids == theirs.ids and ours.tokens == theirs.tokens
+    assert ours.ids == theirs.ids and ours.tokens == theirs.tokens and ours.offsets == theirs.offsets
     assert hf.decode(theirs.ids) == tok.decode(ours.ids) == text
     # A Hugging Face file loads back into the same tokenizer.
     (tmp_path / "tokenizer.json").write_text(hf.to_str())

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "lmforge.convert_cli",
     "lmforge.generate_cli",
     "lmforge.finetune_cli",
+    "lmforge.inspect_cli",
 ]
 
 

@@ -247,7 +247,7 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
                               "train_examples": len(train_ex),
                               "steps": steps, "train_loss": result.loss, "train_time_s": round(train_s, 2),
                               "train_cpu_s": round(train_cpu, 2), "threads": torch.get_num_threads(),
-                              **counts, **memory}
+                              "lr": config.lr, "batch_size": args.batch_size, "max_len": max_len, **counts, **memory}
     if eval_ex:
         start = time.perf_counter()
         metrics = evaluate_model(model.eval(), tok, args.task, names, eval_ex, max_len, args.eval_batch_size,

@@ -90,9 +90,11 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
     return ids.to(device), mask.to(device)
 
 
-def check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
-                  beams: int) -> None:
+def check_options(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+                  top_p: float | None, beams: int) -> None:
     """Reject settings that make no sense, naming the option (the CLI prints it as one line)."""
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise LmforgeError(f"input_ids must have shape (batch, length >= 1), got {tuple(input_ids.shape)}")
     if max_new_tokens < 0:
         raise LmforgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0:
@@ -143,7 +145,7 @@ def stream(
     >>> for tokens in stream(model, ids, max_new_tokens=3):    # doctest: +SKIP
     ...     print(tokenizer.decode(tokens.tolist()), end="", flush=True)
     """
-    check_options(max_new_tokens, temperature, top_k, top_p, 1)
+    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, 1)
     stop, pad_id = model_ids(model, stop_ids, pad_id)
     if generator is None and seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
@@ -207,7 +209,7 @@ def generate(
         start_id: first decoder token of an encoder-decoder (default config.bos_id).
         output_logits: also return every step's raw logits (B, N, V).
     """
-    check_options(max_new_tokens, temperature, top_k, top_p, beams)
+    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, beams)
     if beams > 1:
         stop, pad = model_ids(model, stop_ids, pad_id)
         with torch.inference_mode():

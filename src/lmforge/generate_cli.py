@@ -72,7 +72,7 @@ def run_generate(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, device=args.device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer file (tokenizer.json)")
-    if not (hasattr(model, "decode") or type(model).__name__ == "Decoder"):
+    if not (hasattr(model, "decode") or type(model).__name__ == "Decoder"):  # an encoder cannot generate
         raise LmforgeError(f"--model: {args.model} holds a {type(model).__name__}, which does not generate text")
     config = model.config
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -80,8 +80,12 @@ def run_generate(args: argparse.Namespace) -> int:
     device = next(model.parameters()).device
     total_tokens, start = 0, time.perf_counter()
 
+    seq2seq = hasattr(model, "decode")
+
     def prompt_ids(prompt: str) -> list[int]:
-        ids = tokenizer.encode(prompt).ids
+        # A decoder's prompt is continued, so no template tokens (an [EOS] at its end would end it); an
+        # encoder-decoder's source is encoded as in training, with the tokenizer's template.
+        ids = tokenizer.encode(prompt, add_special_tokens=seq2seq).ids
         if not ids and config.bos_id is not None:
             ids = [config.bos_id]
         if not ids:

@@ -57,4 +57,5 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
     logits (B, T, V), labels (B, T) (usually the input ids, with -100 where no loss is wanted).
     """
-    return token_loss(logits[:, :-1], labels[:, 1:])
+    # Shift the labels left rather than the logits right: the same loss without copying (B, T - 1, V) logits.
+    return token_loss(logits, F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX))

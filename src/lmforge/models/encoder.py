@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmforge.models.common import check_ids, check_length, init_weights, padding_mask, token_loss
+from lmforge.models.common import IGNORE_INDEX, check_ids, check_length, init_weights, padding_mask, token_loss
 from lmforge.models.config import EncoderConfig
 from lmforge.models.heads import (
     MaskedLMHead,
@@ -101,6 +101,9 @@ class EncoderForPreTraining(nn.Module):
     """BERT with its two pre-training heads: masked LM (logits) and next sentence (next_sentence_logits).
 
     loss = MLM cross-entropy over labelled positions (+ NSP cross-entropy when next_sentence_label is given).
+    Only ~15% of positions carry a label, so with ``labels`` the vocabulary projection (the largest matmul
+    of a small BERT) runs on those positions alone: ``logits`` is then (M, V) for the M labelled positions
+    in row-major order, and ``metrics["mlm_accuracy"]`` their accuracy. Without labels it is (B, T, V).
     """
 
     def __init__(self, config: EncoderConfig) -> None:
@@ -125,11 +128,18 @@ class EncoderForPreTraining(nn.Module):
     ) -> ModelOutput:
         """labels (B, T): original ids at masked positions, -100 elsewhere; next_sentence_label (B,) 0 = is next."""
         out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        out.logits = self.mlm(out.last_hidden_state)  # (B, T, V)
         out.next_sentence_logits = self.nsp(out.pooled)  # (B, 2)
         losses = []
-        if labels is not None:
-            losses.append(token_loss(out.logits, labels))
+        if labels is None:
+            out.logits = self.mlm(out.last_hidden_state)  # (B, T, V)
+        else:
+            chosen = labels != IGNORE_INDEX  # (B, T)
+            targets = labels[chosen]  # (M,)
+            out.logits = self.mlm(out.last_hidden_state[chosen])  # (M, V)
+            losses.append(token_loss(out.logits, targets))
+            with torch.no_grad():
+                accuracy = (out.logits.argmax(-1) == targets).float().mean() if targets.numel() else 0.0
+            out.metrics = {"mlm_accuracy": float(accuracy)}
         if next_sentence_label is not None:
             losses.append(token_loss(out.next_sentence_logits, next_sentence_label))
         if losses:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -63,13 +64,6 @@ class Encoding:
         """Keep the first ``n`` tokens."""
         for values in self._fields():
             del values[n:]
-
-    def extend(self, other: Encoding, type_id: int | None = None) -> None:
-        """Append ``other`` (optionally relabelling its type ids)."""
-        for mine, theirs in zip(self._fields(), other._fields(), strict=True):
-            mine.extend(theirs)
-        if type_id is not None:
-            self.type_ids[len(self) - len(other):] = [type_id] * len(other)
 
     def pad(self, length: int, pad_id: int, pad_token: str, left: bool = False) -> None:
         """Pad to ``length`` with ``pad_id`` (attention mask 0, special mask 1)."""
@@ -204,8 +198,16 @@ class Tokenizer:
         cache, pieces = self._cache, self._pieces
         ids_out, toks_out, offs_out, words_out = enc.ids, enc.tokens, enc.offsets, enc.word_ids
         if index is None and self.contiguous:  # words tile the text: positions are running sums
-            for w in self.pattern.findall(norm):
-                ids, toks, spans = cache.get(w) or pieces(w)
+            words = self.pattern.findall(norm)
+            entries = [cache.get(w) or pieces(w) for w in words]
+            if all(len(e[0]) == 1 for e in entries):  # every word one token: whole-list operations
+                ends = list(accumulate(map(len, words), initial=base))
+                ids_out += [e[0][0] for e in entries]
+                toks_out += [e[1][0] for e in entries]
+                offs_out += pairwise(ends)
+                words_out += range(word, word + len(words))
+                return word + len(words)
+            for w, (ids, toks, spans) in zip(words, entries, strict=True):
                 if len(ids) == 1:
                     ids_out.append(ids[0])
                     toks_out.append(toks[0])
@@ -269,27 +271,23 @@ class Tokenizer:
         if not isinstance(text, str):
             raise LmforgeError(f"encode expects a string, got {type(text).__name__}")
         enc = Encoding([], [], [], [], [], [], [])
-        if allowed_special == "none" or self._special_re is None:  # the common case, fast
-            self._encode_plain(text, 0, enc, 0)
-            n = len(enc.ids)
-            enc.type_ids, enc.attention_mask, enc.special_tokens_mask = [0] * n, [1] * n, [0] * n
-            return enc
-        word = 0
         specials = []
-        for start, end, special in self._split_special(text, allowed_special):
-            if special:
-                piece = text[start:end]
-                specials.append(len(enc.ids))
-                enc.ids.append(self.special_tokens[piece])
-                enc.tokens.append(piece)
-                enc.offsets.append((start, end))
-                enc.word_ids.append(None)
-            elif end > start:
-                word = self._encode_plain(text[start:end] if end - start < len(text) else text, start, enc, word)
+        if allowed_special == "none" or self._special_re is None:  # the common case
+            self._encode_plain(text, 0, enc, 0)
+        else:
+            word = 0
+            for start, end, special in self._split_special(text, allowed_special):
+                if special:
+                    piece = text[start:end]
+                    specials.append(len(enc.ids))
+                    enc.ids.append(self.special_tokens[piece])
+                    enc.tokens.append(piece)
+                    enc.offsets.append((start, end))
+                    enc.word_ids.append(None)
+                elif end > start:
+                    word = self._encode_plain(text[start:end], start, enc, word)
         n = len(enc.ids)
-        enc.type_ids = [0] * n
-        enc.attention_mask = [1] * n
-        enc.special_tokens_mask = [0] * n
+        enc.type_ids, enc.attention_mask, enc.special_tokens_mask = [0] * n, [1] * n, [0] * n
         for i in specials:
             enc.special_tokens_mask[i] = 1
         return enc
