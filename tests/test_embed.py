@@ -18,6 +18,7 @@ from lmforge.embed import (
     mix_layers,
     most_similar,
     rank_texts,
+    text_analogy,
     word_vector,
 )
 from lmforge.errors import LmforgeError
@@ -135,6 +136,19 @@ def test_word_vectors_neighbours_and_analogy(dirs):
     assert rank_texts(np.array([1.0, 0.0]), np.array([[0.0, 1.0], [2.0, 0.1], [-1.0, 0.0]]))[0][0] == 1
 
 
+def test_text_analogy_ranks_the_corpus_by_b_minus_a_plus_c(dirs):
+    model, tok = lmforge.load(dirs["encoder"])
+    a, b, c = TEXTS[:3]
+    corpus = [*TEXTS, "the queen spoke"]
+    found = text_analogy(model, tok, a, b, c, corpus, k=10, pooling="cls")
+    assert [t for t, _ in found] and not {a, b, c} & {t for t, _ in found}  # the inputs never come back
+    v = embed(model, tok, [a, b, c], pooling="cls")
+    target = v[1] - v[0] + v[2]
+    for text, cos in found:
+        assert cos == pytest.approx(cosine(target, embed(model, tok, [text], pooling="cls")[0]), abs=1e-5)
+    assert [c for _, c in found] == sorted((c for _, c in found), reverse=True)
+
+
 def test_cli_embed_npy_jsonl_stdout_and_queries(dirs, tmp_path, monkeypatch, capsys):
     model_dir = str(dirs["encoder"])
     out = tmp_path / "v.npy"
@@ -159,6 +173,8 @@ def test_cli_embed_npy_jsonl_stdout_and_queries(dirs, tmp_path, monkeypatch, cap
     assert main(["embed", "--model", model_dir, "--analogy", "man", "king", "woman", "-k", "2"]) == 0
     assert [json.loads(x)["token"] for x in capsys.readouterr().out.splitlines()] == [
         t for t, _ in analogy(model, tok, "man", "king", "woman", k=2)]
+    assert main(["embed", "--model", model_dir, "--analogy", *TEXTS[:3], *TEXTS]) == 0
+    assert [json.loads(x)["text"] for x in capsys.readouterr().out.splitlines()] == [TEXTS[3]]
     assert main(["embed", "--model", model_dir, "--query", "they were too strong", *TEXTS]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[0]) == {"text": "they were too strong", "cosine": 1.0}
     assert main(["embed", "--model", model_dir, "--layer", "9", "x"]) == 2

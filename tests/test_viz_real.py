@@ -82,11 +82,16 @@ def test_minilm_word_analogy_and_neighbours(minilm, capsys):
     assert cosine(word_vector(model, tok, "king"), word_vector(model, tok, "carrot")) < 0.2
 
 
-def test_minilm_sentence_search(minilm, capsys):
+def test_minilm_sentence_search_and_analogy(minilm, capsys):
     corpus = ["A man is playing a guitar.", "Stock markets fell sharply today.", "Ajax beat Juventus."]
     assert main(["embed", "--model", str(minilm), "--query", "Someone plays the guitar.", *corpus]) == 0
     ranked = [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
     assert ranked[0] == "A man is playing a guitar."
+    corpus = ["A woman is riding a horse.", "A man is riding a bike.", "A girl rides a pony."]
+    assert main(["embed", "--model", str(minilm), "--analogy", "A man is playing a guitar.",
+                 "A woman is playing a guitar.", "A man is riding a horse.", *corpus]) == 0
+    ranked = [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
+    assert ranked[0] == "A woman is riding a horse."
 
 
 @pytest.fixture(scope="module")
@@ -95,29 +100,37 @@ def pretrained(tmp_path_factory):
     root = tmp_path_factory.mktemp("pretrained")
     text = root / "text.txt"
     text.write_text("\n".join(shakespeare_files()[0].read_text().splitlines()[200:400]))
+    pairs = root / "pairs.tsv"
+    pairs.write_text("\n".join(f"{line}\t{line.upper()}" for line in text.read_text().splitlines() if line.strip()))
     out = {}
-    for objective, kind in (("mlm", "wordpiece"), ("clm", "byte-bpe")):
-        recipe = {"tokenizer": {"kind": kind, "vocab_size": 300},
-                  "data": {"objective": objective, "files": [str(text)], "seq_len": 32, "eval_batches": 1,
-                           "workers": 1},
-                  "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "max_positions": 64, "n_layers": 2},
+    for objective, kind in (("mlm", "wordpiece"), ("clm", "byte-bpe"), ("seq2seq", "wordpiece")):
+        layers = {"n_encoder_layers": 2, "n_decoder_layers": 2} if objective == "seq2seq" else {"n_layers": 2}
+        case = {"lowercase": False} if kind == "wordpiece" else {}
+        recipe = {"tokenizer": {"kind": kind, "vocab_size": 300, **case},
+                  "data": {"objective": objective, "files": [str(pairs if objective == "seq2seq" else text)],
+                           "seq_len": 32, "eval_batches": 1, "workers": 1},
+                  "model": {"d_model": 32, "n_heads": 2, "d_ff": 64, "max_positions": 64, **layers},
                   "train": {"max_steps": 3, "batch_size": 4, "eval_every": 0, "save_every": 3, "log_every": 1,
                             "progress": False, "plot": False}}
         out[objective] = pretrain(recipe, root / objective)[1]
     return out
 
 
-@pytest.mark.parametrize("objective", ["mlm", "clm"])
+@pytest.mark.parametrize("objective", ["mlm", "clm", "seq2seq"])
 def test_commands_on_models_pretrained_by_lmforge(pretrained, objective, tmp_path, capsys):
     model_dir = str(pretrained[objective])
     text = "To be, or not to be: that is the question"
     html = tmp_path / "a.html"
-    assert main(["attention", "--model", model_dir, "--text", text, "--out", str(html)]) == 0
-    (view,) = page_data(html.read_text())["views"]
+    target = ["--target", "TO BE"] if objective == "seq2seq" else []
+    assert main(["attention", "--model", model_dir, "--text", text, "--out", str(html), *target]) == 0
+    views = page_data(html.read_text())["views"]
     model, tok = lmforge.load(model_dir)
-    np.testing.assert_allclose(np.array(view["weights"]), attention_maps(model, tok, text).view().weights,
-                               atol=5e-4 + 1e-6)
-    assert view["name"] == ("encoder" if objective == "mlm" else "decoder")
+    maps = attention_maps(model, tok, text, target="TO BE" if target else None)
+    assert [v["name"] for v in views] == list(maps.views)
+    assert list(maps.views) == {"mlm": ["encoder"], "clm": ["decoder"], "seq2seq": ["encoder", "decoder", "cross"]}[
+        objective]
+    for view in views:
+        np.testing.assert_allclose(np.array(view["weights"]), maps.views[view["name"]].weights, atol=5e-4 + 1e-6)
     for args in (["--layer", "1"], ["--rollout"]):
         assert main(["attention", "--model", model_dir, "--text", text, "--out", str(tmp_path / "a.png"), *args]) == 0
     npy = tmp_path / "v.npy"

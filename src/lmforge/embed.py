@@ -14,6 +14,9 @@ Mean pooling of MiniLM's last layer over the attention mask is exactly sentence-
     >>> embed(model, tok, ["Juventus lost from Ajax", "Ajax won"]).shape          # doctest: +SKIP
     (2, 384)
 
+The same queries work on sentences: ``rank_texts`` (texts by cosine to a query vector) and
+``text_analogy`` (the corpus texts nearest to b - a + c).
+
 Static (``word_vector``, ``most_similar``, ``analogy``): rows of the input embedding matrix E (V, D),
 compared by cosine. A word the tokenizer cuts into several pieces (WordPiece ``un ##bel ##ie ##va ##bly``)
 gets the average of its pieces' rows; the candidates returned are single vocabulary entries (special
@@ -237,3 +240,15 @@ def rank_texts(query: np.ndarray, vectors: np.ndarray, k: int | None = None) -> 
     cos = v @ q / np.maximum(np.linalg.norm(v, axis=1) * np.linalg.norm(q), 1e-12)  # (N,)
     order = np.argsort(-cos, kind="stable")[: k if k is not None else len(cos)]
     return [(int(i), float(cos[i])) for i in order]
+
+
+def text_analogy(model: nn.Module, tokenizer: Any, a: str, b: str, c: str, corpus: Sequence[str], k: int = 5,
+                 **options: Any) -> list[tuple[str, float]]:
+    """a is to b as c is to ?, over contextual sentence embeddings: the corpus texts nearest to b - a + c.
+
+    ``options`` go to ``embed`` (layer, mix, pooling, ...). Texts equal to a, b or c are left out.
+    """
+    vectors = embed(model, tokenizer, [a, b, c, *corpus], **options)  # (3 + N, D)
+    target = vectors[1] - vectors[0] + vectors[2]
+    ranked = [(corpus[i], cos) for i, cos in rank_texts(target, vectors[3:]) if corpus[i] not in (a, b, c)]
+    return ranked[:k]

@@ -27,6 +27,7 @@ Row i of R says how much of token i's top-layer representation comes from each i
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,9 +99,11 @@ def device_of(model: nn.Module) -> torch.device:
 
 
 def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
-    """Readable token strings: GPT-2's byte markers Ġ (space) and Ċ (newline) become ␣ and ⏎."""
+    """Readable token strings; byte-level BPE's markers Ġ (space) and Ċ (newline) become ␣ and ⏎."""
     tokens = tokenizer.convert_ids_to_tokens(ids)
-    return [t.replace("Ġ", "␣").replace("Ċ", "⏎") if len(t) > 0 else t for t in tokens]
+    if getattr(tokenizer, "kind", "") != "byte-bpe":
+        return tokens
+    return [t.replace("Ġ", "␣").replace("Ċ", "⏎") for t in tokens]
 
 
 def source_ids(tokenizer: Any, text: str, max_positions: int) -> list[int]:
@@ -108,6 +111,8 @@ def source_ids(tokenizer: Any, text: str, max_positions: int) -> list[int]:
     ids = tokenizer.encode(text).ids
     if not ids:
         raise LmforgeError("--text: the text is empty (no tokens)")
+    if len(ids) > max_positions:
+        print(f"lmforge: the text has {len(ids)} tokens; the model reads the first {max_positions}", file=sys.stderr)
     return ids[:max_positions]
 
 

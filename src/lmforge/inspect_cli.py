@@ -7,6 +7,7 @@
     echo "one text a line" | lmforge embed --model DIR --layer 3 --pooling cls --out v.jsonl
     lmforge embed --model DIR --similar king                    nearest input embeddings (cosine)
     lmforge embed --model DIR --analogy man king woman          king - man + woman
+    lmforge embed --model DIR --analogy A B C "text 1" "text 2"     the texts nearest to B - A + C
     lmforge embed --model DIR --query "who won?" "text 1" "text 2"   texts ranked by cosine to the query
 
 Texts come from TEXT arguments, or from standard input one a line. Results go to standard output as
@@ -38,6 +39,12 @@ def _out_for(out: Path, n: int, total: int) -> Path:
     return out if total == 1 else out.with_name(f"{out.stem}-{n}{out.suffix}")
 
 
+def display_name(model_dir: str) -> str:
+    """A model's name for titles: its folder, with the parent when the folder is just ``model``."""
+    path = Path(model_dir).resolve()
+    return f"{path.parent.name}/{path.name}" if path.name == "model" else path.name
+
+
 def _load(path: str, device: str | None):
     from lmforge import load
 
@@ -63,7 +70,7 @@ def run_attention(args: argparse.Namespace) -> int:
     if not texts:
         raise LmforgeError("--text: no text given (argument or standard input)")
     model, tokenizer = _load(args.model, args.device)
-    name = args.name or Path(args.model).resolve().name
+    name = args.name or display_name(args.model)
     for n, text in enumerate(texts, 1):
         maps = attention_maps(model, tokenizer, text, target=args.target)
         path = _out_for(out, n, len(texts))
@@ -100,7 +107,7 @@ def _mix_weights(text: str | None) -> list[float] | None:
 def run_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from lmforge.embed import analogy, embed, most_similar, rank_texts
+    from lmforge.embed import analogy, embed, most_similar, rank_texts, text_analogy
 
     if args.mix_weights is not None and not args.mix:
         raise LmforgeError("--mix-weights needs --mix")
@@ -108,6 +115,14 @@ def run_embed(args: argparse.Namespace) -> int:
     if args.similar is not None:
         for token, cos in most_similar(model, tokenizer, args.similar, args.k, subwords=args.subwords):
             print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
+        return 0
+    if args.analogy is not None and args.text:  # over the TEXT arguments' contextual embeddings
+        a, b, c = args.analogy
+        found = text_analogy(model, tokenizer, a, b, c, args.text, args.k, layer=args.layer, mix=args.mix,
+                             mix_weights=_mix_weights(args.mix_weights), gamma=args.gamma, pooling=args.pooling,
+                             exclude_special=args.exclude_special, batch_size=args.batch_size)
+        for text, cos in found:
+            print(json.dumps({"text": text, "cosine": round(cos, 4)}, ensure_ascii=False))
         return 0
     if args.analogy is not None:
         a, b, c = args.analogy
@@ -179,7 +194,9 @@ def add_commands(sub) -> None:
     p.add_argument("--out", metavar="FILE", help="FILE.npy (N, D) or FILE.jsonl; default: JSON lines on stdout")
     p.add_argument("--query", metavar="TEXT", help="rank the texts by cosine to this one instead")
     p.add_argument("--similar", metavar="WORD", help="nearest vocabulary entries to WORD's input embedding")
-    p.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"), help="A is to B as C is to ?: B - A + C")
+    p.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),
+                   help="A is to B as C is to ?: B - A + C over input embeddings (words), or with TEXT arguments "
+                   "over their sentence embeddings")
     p.add_argument("-k", type=int, default=10, help="how many neighbours or texts to list (default 10)")
     p.add_argument("--subwords", action="store_true", help="also return ## continuation pieces as neighbours")
     p.add_argument("--device", default=None, help="cpu (default), cuda, ...")

@@ -30,7 +30,8 @@ LABELS_UP_TO = 40  # tokens: beyond this, axes carry no token labels
 NUMBERS_UP_TO = 14  # tokens: up to this, a single head's weights are printed in the cells
 
 
-def _check_index(value: int | None, n: int, name: str) -> int | None:
+def check_index(value: int | None, n: int, name: str) -> int | None:
+    """``value`` in 0..n-1 (negative counts from the end), or a one-line error naming ``--name``."""
     if value is None:
         return None
     if not -n <= value < n:
@@ -41,7 +42,7 @@ def _check_index(value: int | None, n: int, name: str) -> int | None:
 def panels(view: AttentionView, layer: int | None, head: int | None) -> tuple[list[tuple[int, int]], int, int]:
     """The (layer, head) panels to draw and the grid (rows, columns) they go in."""
     n_layers, n_heads = view.weights.shape[:2]
-    layer, head = _check_index(layer, n_layers, "layer"), _check_index(head, n_heads, "head")
+    layer, head = check_index(layer, n_layers, "layer"), check_index(head, n_heads, "head")
     if layer is not None and head is not None:
         return [(layer, head)], 1, 1
     if layer is None and head is None:

@@ -61,16 +61,16 @@ def page_json(maps: AttentionMaps, model_name: str = "", start: dict[str, int] |
 def start_at(maps: AttentionMaps, view: str | None = None, layer: int | None = None, head: int | None = None
              ) -> dict[str, int]:
     """{"view", "layer", "head"} indices the page opens on, checked against ``maps`` (errors name the option)."""
-    from lmforge.viz.attention import _check_index
+    from lmforge.viz.attention import check_index
 
     names = list(maps.views)
     chosen = maps.view(view)
     n_layers, n_heads = chosen.weights.shape[:2]
     start = {"view": names.index(chosen.name)}
     if layer is not None:
-        start["layer"] = _check_index(layer, n_layers, "layer")
+        start["layer"] = check_index(layer, n_layers, "layer")
     if head is not None:
-        start["head"] = _check_index(head, n_heads, "head")
+        start["head"] = check_index(head, n_heads, "head")
     return start
 
 
