@@ -154,10 +154,10 @@ def table_runs(bert_mini: str) -> list[tuple[str, list[str]]]:
                      "--epochs", "2", "--limit", "1200", "--max-len", "64"],
              "pos": ["--task", "token-cls", "--train", str(DATA / "pos-train.txt"), "--eval",
                      str(DATA / "pos-test.txt"), "--epochs", "3", "--max-len", "128"]}
-    lrs = {"minilm": {"full": "1e-4", "frozen-mix": "3e-3", "lora": "2e-3"},  # bert-mini: smaller, higher rates
-           "bert-mini": {"full": "3e-4", "frozen-mix": "3e-3", "lora": "3e-3"}}
+    lrs = {"minilm": {"full": "1e-4", "frozen-mix": "3e-3", "lora": "2e-3", "adapter": "1e-3"},
+           "bert-mini": {"full": "3e-4", "frozen-mix": "3e-3", "lora": "3e-3", "adapter": "2e-3"}}
     strategies = {"full": ["--strategy", "full"], "frozen-mix": ["--strategy", "frozen", "--mix"],
-                  "lora": ["--strategy", "lora"]}
+                  "lora": ["--strategy", "lora"], "adapter": ["--strategy", "adapter"]}
     runs = [(f"{m}-{t}-{s}", ["--model", path, *targs, *sargs, "--lr", lrs[m][s]])
             for t, targs in tasks.items() for m, path in models.items() for s, sargs in strategies.items()]
     few = {"unc": ["--task", "seq-cls", "--train", str(DATA / "unc-train-200.csv"), "--eval",

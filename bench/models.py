@@ -3,7 +3,6 @@
     .venv/bin/python bench/models.py                 # CPU, about 2-3 minutes on 2 cores
     .venv/bin/python bench/models.py --quick         # smaller batches, fewer rounds (< 1 minute)
     .venv/bin/python bench/models.py --threads 1 --clock cpu     # steadier numbers on a busy, shared machine
-    .venv/bin/python bench/models.py --mlm-sketch    # + BERT with the MLM head on the masked positions only
     .venv/bin/python bench/models.py --device cuda --gpt2-mfu     # GPT-2 124M, bf16 autocast, on a GPU
 
 Rows (the sizes of issue 4):
@@ -17,7 +16,8 @@ dropout 0.1 on both sides. Each library is warmed up, then the two are timed in 
 each is reported (the least disturbed one). MFU is model FLOPs per second over the fp32 matmul peak
 measured in the same run (a large square matmul):
 
-    training FLOPs / token  = 6 N + 12 L T d     N = weights used in matmuls (LM head included), PaLM's count
+    training FLOPs / token  = 6 N + 12 L T d     N = weights used in matmuls (LM head included), PaLM's count;
+                                                 for masked LM the head counts only on the labelled positions
     generation FLOPs / token = 2 N + 4 L t d     t = the tokens attended to at that step
 
 ``--gpt2-mfu`` trains GPT-2 124M (seq 1024, batch 8) under bf16 autocast with both libraries and reports
@@ -124,24 +124,14 @@ def optimizer(model: torch.nn.Module, device: torch.device) -> torch.optim.Optim
         return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
 
-def masked_positions_loss(model: EncoderForPreTraining, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """MLM loss with the head run on the labelled positions only (about 15%): (M, D) -> (M, V) logits.
-
-    A sketch of what the model's own forward could do; the vocabulary projection is the largest matmul.
-    """
-    h = model.encoder(ids).last_hidden_state  # (B, T, D)
-    where = labels != -100  # (B, T)
-    return torch.nn.functional.cross_entropy(model.mlm(h[where]).float(), labels[where])  # (M, V) logits
-
-
 def train_step_fn(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor, device: torch.device,
-                  amp: torch.dtype | None = None, gather: bool = False) -> Callable[[], None]:
+                  amp: torch.dtype | None = None) -> Callable[[], None]:
     model.to(device).train()
     opt = optimizer(model, device)
 
     def step() -> None:
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            loss = masked_positions_loss(model, ids, labels) if gather else model(input_ids=ids, labels=labels).loss
+            loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -172,7 +162,7 @@ def alternate(fns: dict[str, Callable[[], None]], warmup: int, rounds: int, step
 
 # -- rows -----------------------------------------------------------------------------------------
 def train_row(name: str, pair, batch: int, seq: int, s: Sizes, args, device, peak: float,
-              amp: torch.dtype | None = None, gather: bool = False) -> dict:
+              amp: torch.dtype | None = None) -> dict:
     ours, hf = pair
     mlm = name.startswith("BERT")
     if mlm:
@@ -182,15 +172,15 @@ def train_row(name: str, pair, batch: int, seq: int, s: Sizes, args, device, pea
         labels = ids
     n_ours, n_hf = (sum(p.numel() for p in m.parameters()) for m in pair)
     print(f"{name}: parameters lmforge {n_ours:,} transformers {n_hf:,}", file=sys.stderr)
-    flops_per_token = flops_ours = 6 * matmul_weights(s, mlm=mlm) + 12 * s.layers * seq * s.d
-    if gather:  # the sketch runs the MLM head (d x d transform, V x d projection) on the labelled positions only
+    flops_per_token = 6 * matmul_weights(s, mlm=mlm) + 12 * s.layers * seq * s.d
+    if mlm:  # the MLM loss needs its head (d x d transform, V x d projection) on the labelled positions only
         labelled = (labels != -100).float().mean().item()
-        flops_ours -= 6 * (1 - labelled) * (s.d * s.d + s.vocab * s.d)
-    best = alternate({"lmforge": train_step_fn(ours, ids, labels, device, amp, gather),
+        flops_per_token -= 6 * (1 - labelled) * (s.d * s.d + s.vocab * s.d)
+    best = alternate({"lmforge": train_step_fn(ours, ids, labels, device, amp),
                       "transformers": train_step_fn(hf, ids, labels, device, amp)},
                      args.warmup, args.rounds, args.steps, device)
     tokens = batch * seq
-    return row(name, tokens / best["lmforge"], tokens / best["transformers"], flops_per_token, peak, flops_ours)
+    return row(name, tokens / best["lmforge"], tokens / best["transformers"], flops_per_token, peak)
 
 
 def generation_row(s: Sizes, args, device, peak: float) -> dict:
@@ -218,10 +208,9 @@ def generation_row(s: Sizes, args, device, peak: float) -> dict:
                new / best["transformers"], flops_per_token, peak)
 
 
-def row(name: str, ours: float, hf: float, flops_per_token: float, peak: float,
-        flops_ours: float | None = None) -> dict:
-    """A table row; ``flops_ours`` when lmforge does less work per token than the model defines (sketch)."""
-    mfu_ours = ours * (flops_ours or flops_per_token) / peak
+def row(name: str, ours: float, hf: float, flops_per_token: float, peak: float) -> dict:
+    """A table row: tokens/s of each library and their MFU (model FLOPs per token x tokens/s / peak)."""
+    mfu_ours = ours * flops_per_token / peak
     return {"row": name, "lmforge": ours, "transformers": hf, "ratio": ours / hf,
             "mfu_lmforge": mfu_ours, "mfu_transformers": hf * flops_per_token / peak}
 
@@ -244,8 +233,6 @@ def main() -> None:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall-clock (default) or process CPU time (steadier on a shared, busy machine)")
     p.add_argument("--gpt2-mfu", action="store_true", help="GPT-2 124M bf16 training step (GPU)")
-    p.add_argument("--mlm-sketch", action="store_true",
-                   help="also time BERT with the MLM head run on the masked positions only")
     p.add_argument("--only", choices=["bert", "gpt", "generate"], action="append", help="run only these rows")
     args = p.parse_args()
     if args.threads:
@@ -276,9 +263,6 @@ def main() -> None:
         batch, seq = (8, 128) if quick else (32, 128)
         rows.append(train_row(f"BERT masked LM training step (seq {seq}, batch {batch})", bert_pair(s, seq),
                               batch, seq, s, args, device, peak))
-        if args.mlm_sketch:
-            rows.append(train_row("BERT MLM, head on the masked positions only (sketch, not the model's forward)",
-                                  bert_pair(s, seq), batch, seq, s, args, device, peak, gather=True))
     if "gpt" in only:
         batch, seq = (4, 256) if quick else (16, 256)
         rows.append(train_row(f"GPT causal LM training step (seq {seq}, batch {batch})", gpt_pair(s, seq),
