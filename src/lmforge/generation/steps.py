@@ -68,7 +68,32 @@ def move_padding_right(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Ten
     return ids.gather(1, order), mask.gather(1, order)
 
 
-class DecoderSteps:
+class Steps:
+    """What both steppers share: a buffer of tokens so far, and a step that feeds the newest token.
+
+    Subclasses set ``ids`` (B, total), ``length`` and ``use_cache`` and implement ``run(start)``: run the
+    model on columns [start, length) and return the logits of the last column (B, V).
+    """
+
+    ids: torch.Tensor
+    length: int
+    use_cache: bool
+
+    def run(self, start: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def first(self) -> torch.Tensor:
+        """Logits after the prompt (decoder) or the start token (encoder-decoder)."""
+        return self.run(0)
+
+    def next(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append one token per row (B,) and return the logits that follow it (B, V)."""
+        self.ids[:, self.length] = tokens
+        self.length += 1
+        return self.run(self.length - 1 if self.use_cache else 0)
+
+
+class DecoderSteps(Steps):
     """Steps of a decoder-only model: the prompt once, then one token per row per step.
 
     ``input_ids`` (B, P) is the (left-padded) prompt, ``attention_mask`` (B, P) 1 for real tokens.
@@ -111,14 +136,6 @@ class DecoderSteps:
         out = self.model(self.ids[:, start:end], attention_mask=mask, position_ids=positions, caches=self.caches)
         return out.logits[:, -1]  # (B, V)
 
-    def first(self) -> torch.Tensor:
-        return self.run(0)
-
-    def next(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.ids[:, self.length] = tokens
-        self.length += 1
-        return self.run(self.length - 1 if self.use_cache else 0)
-
     def reorder(self, index: torch.Tensor) -> None:
         self.ids = self.ids.index_select(0, index)
         if self.padded:
@@ -127,7 +144,7 @@ class DecoderSteps:
             reorder_caches(self.caches, index)
 
 
-class Seq2SeqSteps:
+class Seq2SeqSteps(Steps):
     """Steps of an encoder-decoder: encode the source once, then decode from ``start_id`` a token at a time.
 
     ``input_ids`` (B, S) is the source, ``attention_mask`` (B, S) 1 for real tokens; left-padded sources
@@ -165,14 +182,6 @@ class Seq2SeqSteps:
         out = self.model.decode(self.ids[:, start:self.length], self.memory, src_mask=self.src_mask,
                                 caches=self.caches)
         return out.logits[:, -1]  # (B, V)
-
-    def first(self) -> torch.Tensor:
-        return self.run(0)
-
-    def next(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.ids[:, self.length] = tokens
-        self.length += 1
-        return self.run(self.length - 1 if self.use_cache else 0)
 
     def reorder(self, index: torch.Tensor) -> None:
         self.ids = self.ids.index_select(0, index)

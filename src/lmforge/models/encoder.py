@@ -147,55 +147,52 @@ class EncoderForPreTraining(nn.Module):
         return out
 
 
-class EncoderForSequenceClassification(nn.Module):
+class EncoderWithHead(nn.Module):
+    """An Encoder and one classification head; a subclass says which features the head reads."""
+
+    head_class: type[nn.Module]
+
+    def __init__(self, config: EncoderConfig, num_labels: int) -> None:
+        super().__init__()
+        self.config, self.num_labels = config, num_labels
+        self.encoder = Encoder(config)
+        self.head = self.head_class(config.d_model, num_labels, config.dropout)
+        init_weights(self.head)
+
+    def features(self, out: ModelOutput) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        """labels: class indices, (B,) per input or (B, T) per token (-100 = no label)."""
+        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
+        out.logits = self.head(self.features(out))
+        if labels is not None:
+            out.loss = token_loss(out.logits, labels)
+        return out
+
+
+class EncoderForSequenceClassification(EncoderWithHead):
     """One label per input from the pooled [CLS] vector. logits (B, num_labels)."""
 
-    def __init__(self, config: EncoderConfig, num_labels: int) -> None:
-        super().__init__()
-        self.config, self.num_labels = config, num_labels
-        self.encoder = Encoder(config)
-        self.head = SequenceClassificationHead(config.d_model, num_labels, config.dropout)
-        init_weights(self.head)
+    head_class = SequenceClassificationHead
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> ModelOutput:
-        """labels (B,) class indices."""
-        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        out.logits = self.head(out.pooled)  # (B, C)
-        if labels is not None:
-            out.loss = token_loss(out.logits, labels)
-        return out
+    def features(self, out: ModelOutput) -> torch.Tensor:
+        return out.pooled  # (B, D)
 
 
-class EncoderForTokenClassification(nn.Module):
-    """One label per token (NER, POS tagging). logits (B, T, num_labels)."""
+class EncoderForTokenClassification(EncoderWithHead):
+    """One label per token (NER, POS tagging): labels (B, T), -100 on padding and non-first sub-words.
+    logits (B, T, num_labels)."""
 
-    def __init__(self, config: EncoderConfig, num_labels: int) -> None:
-        super().__init__()
-        self.config, self.num_labels = config, num_labels
-        self.encoder = Encoder(config)
-        self.head = TokenClassificationHead(config.d_model, num_labels, config.dropout)
-        init_weights(self.head)
+    head_class = TokenClassificationHead
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> ModelOutput:
-        """labels (B, T) class indices, -100 on padding and on non-first subword pieces."""
-        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states, output_attentions)
-        out.logits = self.head(out.last_hidden_state)  # (B, T, C)
-        if labels is not None:
-            out.loss = token_loss(out.logits, labels)
-        return out
+    def features(self, out: ModelOutput) -> torch.Tensor:
+        return out.last_hidden_state  # (B, T, D)
