@@ -257,3 +257,18 @@ def test_nsp_on_a_one_document_split_borrows_negatives_from_training(corpus, tmp
     source = MaskedLMSource(train, SpecialIds.from_tokenizer(tok), 32, 24, eval_shard=single, n_eval_batches=2)
     for batch in source.eval_batches():
         assert batch["next_sentence_label"].sum() > 0
+
+
+def test_line_breaks_and_document_ends_are_kept_for_byte_level_bpe(tmp_path):
+    from lmforge.tokenizers import ByteLevelBPETokenizer
+
+    (tmp_path / "a.txt").write_text("To be, or not to be\nthat is the question\n")
+    (tmp_path / "b.txt").write_text("Now is the winter\n")
+    tok = ByteLevelBPETokenizer.train(["To be or not\nthat is"], vocab_size=300)
+    assert tok.eos_id is not None
+    prepare_corpus([tmp_path / "a.txt", tmp_path / "b.txt"], tok, tmp_path / "c", val_fraction=0.0, workers=1,
+                   progress=False)
+    shard = TokenShard.open(tmp_path / "c", "train", tok)
+    texts = [tok.decode(shard.doc_tokens(d).tolist()) for d in range(shard.n_docs)]
+    eos = tok.convert_ids_to_tokens([tok.eos_id])[0]
+    assert texts == [f"To be, or not to be\nthat is the question\n{eos}", f"Now is the winter\n{eos}"]

@@ -55,7 +55,8 @@ class _Source:
 # -- causal LM --------------------------------------------------------------------------------------------
 @dataclass
 class CausalLMSource(_Source):
-    """Windows of ``seq_len`` consecutive tokens from the token stream; documents are joined by ``eos_id``.
+    """Windows of ``seq_len`` consecutive tokens from the token stream (documents end with the tokenizer's
+    end-of-text token, which ``prepare_corpus`` stores when the tokenizer has one).
 
     The model shifts internally: it predicts ``labels[t + 1]`` from ``input_ids[: t + 1]``, so labels = input_ids.
     """

@@ -8,10 +8,11 @@ A prepared corpus is a folder:
     train.docs.npy         int64 offsets into the lines: document d is lines[docs[d]:docs[d+1]]
     valid.*                the same for the validation documents
 
-Lines are the segments that next-sentence prediction pairs; documents are what "another document" means
-for its negatives and what causal LM separates with an end-of-text token. A text file is one document, or
-one per blank-line-separated block with ``doc_separator="blank-line"``; a JSONL line or a CSV row is one
-document (field ``text``).
+Lines are the segments that next-sentence prediction pairs, each stored with its line break (a token for
+byte-level BPE); documents are what "another document" means for its negatives, and each ends with the
+tokenizer's end-of-text token when it has one, so causal LM sees where one text stops and the next begins.
+A text file is one document, or one per blank-line-separated block with ``doc_separator="blank-line"``;
+a JSONL line or a CSV row is one document (field ``text``).
 
     >>> corpus = prepare_corpus(["play.txt"], tokenizer, "data/shakespeare")     # doctest: +SKIP
     >>> TokenShard.open("data/shakespeare", "train").n_tokens                     # doctest: +SKIP
@@ -99,11 +100,15 @@ def _init_worker(tokenizer) -> None:
 
 
 def encode_lines(tokenizer, lines: Sequence[str]) -> list[list[int]]:
-    """Token ids of each line, without special tokens (they are added when batches are built)."""
+    """Token ids of each line with its line break, without special tokens (batches add those).
+
+    The break is a token only for tokenizers that represent whitespace (byte-level BPE: 'Ċ'); WordPiece and
+    Sennrich BPE drop it, as they drop every space.
+    """
     encode = getattr(tokenizer, "encode_ordinary", None)
     if callable(encode):
-        return [encode(line) for line in lines]
-    return [tokenizer.encode(line, add_special_tokens=False).ids for line in lines]
+        return [encode(line + "\n") for line in lines]
+    return [tokenizer.encode(line + "\n", add_special_tokens=False).ids for line in lines]
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
@@ -161,6 +166,7 @@ def prepare_corpus(
 
     Validation documents are a seeded random ``val_fraction`` of the documents (at least one, when there
     are two or more); with a single document, its last ``val_fraction`` of lines are held out instead.
+    ``val_fraction=0`` holds out nothing.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,15 +180,19 @@ def prepare_corpus(
     all_lines = [line for doc in docs for line in doc]
     encoded = _encode_all(tokenizer, all_lines, workers, progress)
 
-    n_val = 0 if len(docs) < 2 else max(1, round(val_fraction * len(docs)))
+    n_val = 0 if len(docs) < 2 or val_fraction <= 0 else max(1, round(val_fraction * len(docs)))
     order = np.random.default_rng(seed).permutation(len(docs))
     is_val = np.zeros(len(docs), dtype=bool)
     is_val[order[:n_val]] = True
     splits = {"train": Split([], [], []), "valid": Split([], [], [])}
+    eos = getattr(tokenizer, "eos_id", None)  # ends each document, for tokenizers that have one (GPT-2's)
     position = 0
     for d, doc in enumerate(docs):
         split = splits["valid" if is_val[d] else "train"]
-        for ids in encoded[position: position + len(doc)]:
+        lines = encoded[position: position + len(doc)]
+        if eos is not None:
+            lines[-1] = [*lines[-1], eos]
+        for ids in lines:
             split.tokens.append(np.asarray(ids, dtype=np.int64))
             split.line_lengths.append(len(ids))
         split.doc_lines.append(len(doc))
@@ -204,7 +214,7 @@ def prepare_corpus(
 
 
 def _split_single_document(docs: list[list[str]], val_fraction: float) -> list[list[str]]:
-    if len(docs) != 1 or len(docs[0]) < 2:
+    if len(docs) != 1 or len(docs[0]) < 2 or val_fraction <= 0:
         return docs
     cut = len(docs[0]) - max(1, round(val_fraction * len(docs[0])))
     return [docs[0][:cut], docs[0][cut:]]
