@@ -118,7 +118,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job on the embedded default (Shakespeare)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo; rerun to resume)")
-    p.add_argument("--steps", type=int, default=600, help="pretraining steps (default 600, a few minutes)")
+    p.add_argument("--steps", type=int, default=1500, help="pretraining steps (default 1500, about 4 minutes)")
     p.add_argument("--max-new-tokens", type=int, default=120)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-examples", action="store_true", help="go straight to the pipeline")
