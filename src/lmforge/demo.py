@@ -162,9 +162,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job on the embedded default (Shakespeare)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo; rerun to resume)")
-    p.add_argument("--steps", type=int, default=1000, help="pretraining steps (default 1000, about 3 minutes)")
+    p.add_argument("--steps", type=int, default=1500, help="pretraining steps (default 1500, about 4 minutes)")
     p.add_argument("--max-new-tokens", type=int, default=120)
-    p.add_argument("--finetune-steps", type=int, default=80, help="LoRA steps on MiniLM (0 skips fine-tuning)")
+    p.add_argument("--finetune-steps", type=int, default=200, help="LoRA steps on MiniLM (default 200; 0 skips)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-examples", action="store_true", help="go straight to the pipeline")
     p.set_defaults(handler=run_demo)
