@@ -31,12 +31,8 @@ TEXTS = ["the king spoke", "a woman walked home to the queen and the king", "Aja
 
 
 @pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Small models run faster on one thread than on two cores shared with other work."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(single_thread):
+    """Every test here runs on one torch thread (the shared fixture in conftest.py)."""
 
 
 @pytest.fixture(scope="module")

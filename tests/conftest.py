@@ -1,0 +1,13 @@
+"""Shared fixtures."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Small models run faster on one thread than on two cores shared with other work."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
