@@ -16,12 +16,8 @@ from lmforge.models.seq2seq import Seq2Seq
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy machine the threads wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(single_thread):
+    """Every test here runs on one torch thread (the shared fixture in conftest.py)."""
 
 
 def sharpen(model: nn.Module, seed: int, std: float = 0.15) -> nn.Module:

@@ -17,12 +17,8 @@ from lmforge.tokenizers import ByteLevelBPETokenizer
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """A tiny model gains nothing from threads, and on a busy machine the threads wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(single_thread):
+    """Every test here runs on one torch thread (the shared fixture in conftest.py)."""
 
 
 @pytest.fixture(scope="module")

@@ -77,20 +77,16 @@ def sample(model_dir: Path, max_new_tokens: int, seed: int) -> None:
 
     import lmforge
     from lmforge.generate import stream
+    from lmforge.generate_cli import TextStream
 
     model, tokenizer = lmforge.load(model_dir)
     for i, prompt in enumerate(PROMPTS):
         ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False).ids])
         print(f"\n--- {prompt.strip()!r} ---\n{prompt}", end="", flush=True)
-        generated: list[int] = []
-        shown = ""
+        text = TextStream(tokenizer)  # prints new text as it comes, holding back split UTF-8 characters
         for token in stream(model, ids, max_new_tokens=max_new_tokens, temperature=0.8, top_k=40, seed=seed + i):
-            generated.append(int(token[0]))
-            text = tokenizer.decode(generated)
-            if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
-                print(text[len(shown):], end="", flush=True)
-                shown = text
-        print(flush=True)
+            text.add(int(token[0]))
+        text.close()
 
 
 def uncertainty_split(out: Path, n_test: int = 600, seed: int = 0) -> tuple[Path, Path]:
