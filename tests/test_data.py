@@ -272,3 +272,33 @@ def test_line_breaks_and_document_ends_are_kept_for_byte_level_bpe(tmp_path):
     texts = [tok.decode(shard.doc_tokens(d).tolist()) for d in range(shard.n_docs)]
     eos = tok.convert_ids_to_tokens([tok.eos_id])[0]
     assert texts == [f"To be, or not to be\nthat is the question\n{eos}", f"Now is the winter\n{eos}"]
+
+
+def test_sentence_corpora_drop_line_breaks_and_end_tokens(tmp_path):
+    from lmforge.tokenizers import ByteLevelBPETokenizer
+
+    (tmp_path / "lines.txt").write_text("In the beginning\nGod said\n")
+    tok = ByteLevelBPETokenizer.train(["In the beginning\nGod said"], vocab_size=300)
+    prepare_corpus([tmp_path / "lines.txt"], tok, tmp_path / "c", val_fraction=0.0, workers=1, progress=False,
+                   line_breaks=False)
+    shard = TokenShard.open(tmp_path / "c", "train", tok)
+    assert [tok.decode(shard.line_tokens(i).tolist()) for i in range(2)] == ["In the beginning", "God said"]
+
+
+def test_parquet_arrow_and_saved_datasets_through_hf_datasets(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is in the dev extra")
+    ds = datasets.Dataset.from_dict({"text": ["one\ntwo", "three", None], "label": [0, 1, 2]})
+    ds.to_parquet(str(tmp_path / "a.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dict"))
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    want = [["one", "two"], ["three"], []]
+    for path in (tmp_path / "a.parquet", tmp_path / "saved", tmp_path / "dict", arrow):
+        assert list(iter_documents(path)) == want, path
+    with pytest.raises(LmforgeError, match=r"a.parquet: no column 'body' \(columns: text, label\)"):
+        list(iter_documents(tmp_path / "a.parquet", field="body"))
+    with pytest.raises(LmforgeError, match=r"row 0: column 'label' holds int, not text"):
+        list(iter_documents(tmp_path / "a.parquet", field="label"))
+    manifest = prepare_corpus([tmp_path / "a.parquet"], WhitespaceTokenizer([]), tmp_path / "out", val_fraction=0.0,
+                              workers=1, progress=False)
+    assert manifest["splits"]["train"]["documents"] == 2

@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "lmforge.pretrain",
     "lmforge.convert_cli",
     "lmforge.generate_cli",
+    "lmforge.translate_cli",
     "lmforge.finetune_cli",
     "lmforge.inspect_cli",
 ]

@@ -9,7 +9,8 @@
 The starting model is any encoder directory ``lmforge.load`` reads: an lmforge run's ``model/``, or a
 Hugging Face BERT folder such as all-MiniLM-L6-v2's. Adapter-only outputs hold ``adapter.safetensors``
 (the trained tensors only) and ``adapter_config.json`` (base model path, strategy, labels);
-``load_finetuned`` rebuilds either kind of output.
+``load_finetuned`` rebuilds either kind of output. An ELMo biLM (``models/elmo.py``, ``objective: bilm``)
+is a starting model too, for full and frozen (--mix: ELMo's task-specific mix of its 2L + 1 representations).
 
     >>> result = finetune(FinetuneArgs(model="runs/bert-mini-ft/model", task="seq-cls", train="train.csv",
     ...                                eval="dev.csv", strategy="lora", out="runs/cls-lora"))  # doctest: +SKIP
@@ -36,7 +37,9 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.lora import ADAPTER_TARGETS, LORA_TARGETS, inject_adapters, inject_lora, mark_trainable
 
 STRATEGIES = ("full", "frozen", "lora", "adapter")
+ARCHS = ("transformer", "cnn")  # cnn: a fresh sentence CNN (models/cnn.py) on the tokenizer's vocabulary
 DEFAULT_LR = {"full": 5e-5, "frozen": 1e-3, "lora": 5e-4, "adapter": 5e-4}
+CNN_LR = 2e-3  # a CNN trained from scratch takes larger steps than fine-tuning a pretrained encoder
 ADAPTER_FILE, ADAPTER_CONFIG, REPORT_FILE = "adapter.safetensors", "adapter_config.json", "finetune.json"
 
 
@@ -68,6 +71,7 @@ class FinetuneArgs:
     label_all: bool = False  # token-cls: label every sub-token, not only the first
     limit: int = 0  # use only the first N training examples (0: all)
     scratch: bool = False  # re-initialise the encoder: the same model and tokenizer, no pretraining
+    arch: str = "transformer"  # "cnn": train a fresh SentenceCNN with --model's tokenizer instead
     eval_batch_size: int = 64
     device: str = "auto"
     progress: bool = True
@@ -82,6 +86,10 @@ class FinetuneArgs:
             raise LmforgeError("--mix goes with --strategy frozen")
         if self.merge and self.strategy != "lora":
             raise LmforgeError("--merge goes with --strategy lora")
+        if self.arch not in ARCHS:
+            raise LmforgeError(f"--arch: {self.arch!r} is not one of {', '.join(ARCHS)}")
+        if self.arch == "cnn" and (self.task, self.strategy, self.scratch) != ("seq-cls", "full", False):
+            raise LmforgeError("--arch cnn trains a new model: it goes with --task seq-cls --strategy full")
 
 
 # -- building ---------------------------------------------------------------------------------------------
@@ -105,8 +113,13 @@ def build_task_model(model_dir: str | Path, task: str, num_labels: int, tokenize
     """(task model with a fresh head, tokenizer): the encoder of ``model_dir`` under a classification head."""
     import lmforge
     from lmforge.models import Encoder, EncoderForSequenceClassification, EncoderForTokenClassification
+    from lmforge.models.elmo import BiLM, bilm_task_model
 
     base, _ = lmforge.load(model_dir, tokenizer=False)
+    bilm = base if isinstance(base, BiLM) else getattr(base, "encoder", None)
+    if isinstance(bilm, BiLM):  # ELMo: a head on the biLM's top layer, or on its scalar mix (--mix)
+        tok = load_tokenizer_for(model_dir, bilm.config, tokenizer_dir)
+        return bilm_task_model(bilm, task, num_labels).train(), tok
     encoder = base if isinstance(base, Encoder) else getattr(base, "encoder", None)
     if not isinstance(encoder, Encoder):
         raise LmforgeError(f"{model_dir}: a {type(base).__name__} is not a BERT-style encoder; "
@@ -118,8 +131,25 @@ def build_task_model(model_dir: str | Path, task: str, num_labels: int, tokenize
     return model.train(), tok
 
 
+def build_cnn_task_model(model_dir: str | Path, num_labels: int):
+    """(fresh CNNForSequenceClassification, tokenizer): the CNN's vocabulary is ``model_dir``'s tokenizer."""
+    from lmforge.models.cnn import cnn_classifier_for
+    from lmforge.tokenizers import load_tokenizer
+
+    if not any((Path(model_dir) / n).exists() for n in ("tokenizer.json", "vocab.txt")):
+        raise LmforgeError(f"{model_dir}: no tokenizer (tokenizer.json or vocab.txt) for --arch cnn")
+    tok = load_tokenizer(model_dir)
+    if tok.pad_id is None:
+        raise LmforgeError(f"{model_dir}: the tokenizer has no padding token")
+    return cnn_classifier_for(tok, num_labels).train(), tok
+
+
 def apply_strategy(model: nn.Module, args: FinetuneArgs) -> nn.Module:
     """Wrap / freeze ``model`` for the strategy; returns the module to train (a wrapper for --mix)."""
+    from lmforge.models.elmo import BiLMForTokenClassification, apply_bilm_strategy
+
+    if isinstance(model, BiLMForTokenClassification):  # either biLM task model (seq-cls is a subclass)
+        return apply_bilm_strategy(model, args.strategy, args.mix)
     if args.strategy == "full":
         for p in model.parameters():
             p.requires_grad_(True)
@@ -215,16 +245,23 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
     eval_ex = tasks.read_task(args.task, args.eval) if args.eval else []
     tasks.check_labels(eval_ex, names)
     seed_everything(args.seed)  # the head and LoRA A are initialised from the seed
-    model, tok = build_task_model(args.model, args.task, len(names))
+    if args.arch == "cnn":
+        model, tok = build_cnn_task_model(args.model, len(names))
+    else:
+        model, tok = build_task_model(args.model, args.task, len(names))
     if args.scratch:
         from lmforge.models.common import init_weights
 
-        init_weights(model.encoder)
+        if hasattr(model.encoder, "reset_parameters"):  # a biLM re-initialises its LSTMs too
+            model.encoder.reset_parameters()
+        else:
+            init_weights(model.encoder)
     max_len = min(args.max_len, model.config.max_positions)
     model = apply_strategy(model, args)
     train_feats = encode(args.task, train_ex, tok, names, max_len, args.label_all)
     steps = args.max_steps or max(1, math.ceil(args.epochs * len(train_feats) / args.batch_size))
-    config = TrainConfig(lr=args.lr or DEFAULT_LR[args.strategy], weight_decay=args.weight_decay,
+    lr = args.lr or (CNN_LR if args.arch == "cnn" else DEFAULT_LR[args.strategy])
+    config = TrainConfig(lr=lr, weight_decay=args.weight_decay,
                          betas=(0.9, 0.999), warmup_steps=int(args.warmup * steps), max_steps=steps,
                          schedule="linear", batch_size=args.batch_size, save_every=0, keep_last=1,
                          log_every=max(1, steps // 20), progress=args.progress, tensorboard=False,

@@ -68,7 +68,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune an encoder on a labeled task (full | frozen | lora | adapter)",
                        description="Fine-tune an lmforge or Hugging Face BERT directory. Prints one JSON summary; "
                                    "writes the model, finetune.json and confusion.png into --out.")
-    p.add_argument("--model", required=True, help="starting model directory (lmforge or Hugging Face BERT)")
+    p.add_argument("--model", required=True, help="starting model directory (lmforge encoder or biLM, or HF BERT)")
     p.add_argument("--task", required=True, choices=["seq-cls", "token-cls"])
     p.add_argument("--train", required=True, help="CSV / TSV / JSONL (seq-cls) or word/TAG / CoNLL (token-cls)")
     p.add_argument("--eval", help="evaluation file in the same format")
@@ -90,6 +90,8 @@ def add_commands(sub) -> None:
     p.add_argument("--label-all", action="store_true", help="token-cls: label every sub-token, not just the first")
     p.add_argument("--limit", type=int, help="use only the first N training examples")
     p.add_argument("--scratch", action="store_true", help="re-initialise the encoder (no pretraining; a baseline)")
+    p.add_argument("--arch", choices=["transformer", "cnn"],
+                   help="cnn: train a fresh sentence CNN (seed 001 problem 3) with --model's tokenizer (seq-cls, full)")
     p.add_argument("--device", help="auto | cpu | cuda")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     p.add_argument("--keep-checkpoints", action="store_true", default=None)

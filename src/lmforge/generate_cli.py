@@ -84,8 +84,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
     def prompt_ids(prompt: str) -> list[int]:
         # A decoder's prompt is continued, so no template tokens (an [EOS] at its end would end it); an
-        # encoder-decoder's source is encoded as in training, with the tokenizer's template.
-        ids = tokenizer.encode(prompt, add_special_tokens=seq2seq).ids
+        # encoder-decoder's source is encoded as in training (lmforge.translate.source_ids).
+        if seq2seq:  # a source, tokenized as the training pairs were
+            from lmforge.translate import source_ids
+
+            ids = source_ids(tokenizer, prompt)
+        else:
+            ids = tokenizer.encode(prompt, add_special_tokens=False).ids
         if not ids and config.bos_id is not None:
             ids = [config.bos_id]
         if not ids:

@@ -29,6 +29,7 @@ from lmforge.errors import LmforgeError
 
 OBJECTIVES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
               "seq2seq": "Seq2Seq"}
+OBJECTIVES["bilm"] = "BiLM"  # ELMo (models/elmo.py): forward + backward LM on the clm windows
 NAMED_CORPORA = {
     "shakespeare": sources.shakespeare_files,
     "bible-en-es": lambda: [sources.bible_pairs()["train"]],  # TSV english<TAB>spanish, test books held out
@@ -146,7 +147,7 @@ def get_pair_corpora(data: DataSection, files: list[Path], tokenizer, out: Path)
         root.mkdir(parents=True, exist_ok=True)
         text = root / "lines.txt"
         text.write_text("\n".join(pair[side] for pair in pairs) + "\n", encoding="utf-8")
-        prepare_corpus([text], tokenizer, root, data.val_fraction, workers=data.workers)
+        prepare_corpus([text], tokenizer, root, data.val_fraction, workers=data.workers, line_breaks=False)
     return roots
 
 
@@ -155,14 +156,20 @@ def build_pretraining_model(section: dict[str, Any], tokenizer, objective: str):
     from lmforge.models import build_model, get_preset
 
     section = dict(section)
-    preset = section.pop("preset", {"clm": "gpt-tiny", "seq2seq": "seq2seq-tiny"}.get(objective, "bert-tiny"))
+    defaults = {"clm": "gpt-tiny", "seq2seq": "seq2seq-tiny", "bilm": "bilm-tiny"}
+    preset = section.pop("preset", defaults.get(objective, "bert-tiny"))
     ids = {"vocab_size": tokenizer.vocab_size}
     for name in ("pad_id", "bos_id", "eos_id"):
         value = getattr(tokenizer, name, None)
         if value is not None:
             ids[name] = value
     config = get_preset(preset, **{**_known(preset, ids), **section})
-    model = build_model(config, OBJECTIVES[objective])
+    architecture = OBJECTIVES[objective]
+    if objective == "seq2seq":  # a Transformer (seq2seq-*) or an RNN with attention (rnn-seq2seq-*): the preset says
+        if config.kind not in ("seq2seq", "rnn-seq2seq"):
+            raise LmforgeError(f"model.preset: {preset!r} is not an encoder-decoder (seq2seq-* or rnn-seq2seq-*)")
+        architecture = None  # the default architecture of the config's kind
+    model = build_model(config, architecture)
     if objective == "mlm":  # no next-sentence task: the pooler and NSP head get no gradient (DDP would refuse them)
         for module in (model.encoder.pooler, model.nsp):
             module.requires_grad_(False)
@@ -189,7 +196,7 @@ def build_source(data: DataSection, tokenizer, out: Path, files: list[Path], bat
                              eval_target_shard=TokenShard.open(tgt, "valid"), **evals)
     corpus = get_corpus(data, files, tokenizer, out)
     train, valid = TokenShard.open(corpus, "train", tokenizer), TokenShard.open(corpus, "valid", tokenizer)
-    if data.objective == "clm":
+    if data.objective in ("clm", "bilm"):  # the biLM reads the same windows in both directions
         return CausalLMSource(train, batch_size, data.seq_len, eval_shard=valid, **evals)
     special = SpecialIds.from_tokenizer(tokenizer, whole_word=data.whole_word)
     return MaskedLMSource(train, special, batch_size, data.seq_len, nsp=data.objective == "mlm+nsp",
@@ -236,7 +243,7 @@ def run_pretrain(args) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("pretrain", help="pretrain a model from a YAML recipe (clm | mlm | mlm+nsp | seq2seq)",
+    p = sub.add_parser("pretrain", help="pretrain a model from a YAML recipe (clm | mlm | mlm+nsp | seq2seq | bilm)",
                        description="Pretrain from a recipe. Pointing --out at an existing run resumes it.")
     p.add_argument("--config", required=True, help="recipe YAML (see configs/)")
     p.add_argument("--out", help="run directory (default: runs/<recipe name>)")

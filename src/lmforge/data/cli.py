@@ -1,4 +1,7 @@
-"""``lmforge data prepare``: text, JSONL or CSV files → memory-mapped token shards (see lmforge.data.corpus)."""
+"""``lmforge data prepare``: text, JSONL, CSV, Parquet or Arrow files → memory-mapped token shards.
+
+See lmforge.data.corpus.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="prepare corpora for pretraining")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     p = data_sub.add_parser("prepare", help="tokenize files into memory-mapped train/valid shards")
-    p.add_argument("files", nargs="+", metavar="FILE", help=".txt, .jsonl or .csv/.tsv files")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help=".txt, .jsonl, .csv/.tsv, or (through Hugging Face datasets) .parquet, .arrow and "
+                   "save_to_disk folders")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory or tokenizer.json")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of documents held out (default 0.1)")

@@ -1,4 +1,4 @@
-"""Text, JSONL or CSV files → memory-mapped token shards with document and line boundaries.
+"""Text, JSONL, CSV or Parquet/Arrow files → memory-mapped token shards with document and line boundaries.
 
 A prepared corpus is a folder:
 
@@ -12,7 +12,8 @@ Lines are the segments that next-sentence prediction pairs, each stored with its
 byte-level BPE); documents are what "another document" means for its negatives, and each ends with the
 tokenizer's end-of-text token when it has one, so causal LM sees where one text stops and the next begins.
 A text file is one document, or one per blank-line-separated block with ``doc_separator="blank-line"``;
-a JSONL line or a CSV row is one document (field ``text``).
+a JSONL line, a CSV row or a row of a Parquet/Arrow file or saved Hugging Face dataset is one document
+(field ``text``).
 
     >>> corpus = prepare_corpus(["play.txt"], tokenizer, "data/shakespeare")     # doctest: +SKIP
     >>> TokenShard.open("data/shakespeare", "train").n_tokens                     # doctest: +SKIP
@@ -55,7 +56,12 @@ def iter_documents(path: Path, doc_separator: str = "file", field: str = "text",
 
     .txt: the whole file (``doc_separator="file"``) or blocks between blank lines ("blank-line").
     .jsonl: one document per line, from ``field``. .csv / .tsv: one per row, from the column ``field``.
+    .parquet, .arrow and folders written by ``Dataset.save_to_disk``: one per row, through Hugging Face
+    ``datasets`` (local files only; ``iter_dataset_documents``).
     """
+    if path.suffix.lower() in DATASET_SUFFIXES or path.is_dir():
+        yield from iter_dataset_documents(path, field)
+        return
     suffix = path.suffix.lower()
     if not path.is_file():
         raise LmforgeError(f"{path}: no such file")
@@ -86,33 +92,74 @@ def iter_documents(path: Path, doc_separator: str = "file", field: str = "text",
         yield _lines(text)
 
 
+DATASET_SUFFIXES = (".parquet", ".arrow")
+
+
+def iter_dataset_documents(path: Path, field: str = "text", batch: int = 1024) -> Iterator[list[str]]:
+    """Rows of a local Parquet file, Arrow file or ``save_to_disk`` folder, read with Hugging Face ``datasets``.
+
+    Each row's ``field`` is one document. A saved ``DatasetDict`` contributes its "train" split.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise LmforgeError(f"{path}: reading Parquet/Arrow/dataset folders needs Hugging Face datasets "
+                           "(pip install datasets)") from None
+    if not path.exists():
+        raise LmforgeError(f"{path}: no such file or folder")
+    try:
+        if path.is_dir():
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                if "train" not in ds:
+                    raise LmforgeError(f"{path}: a DatasetDict without a 'train' split ({', '.join(ds)})")
+                ds = ds["train"]
+        elif path.suffix.lower() == ".parquet":
+            ds = datasets.Dataset.from_parquet(str(path))
+        else:
+            ds = datasets.Dataset.from_file(str(path))
+    except (FileNotFoundError, ValueError, OSError) as err:
+        raise LmforgeError(f"{path}: cannot read as a dataset ({str(err).splitlines()[0][:160]})") from None
+    if field not in ds.column_names:
+        raise LmforgeError(f"{path}: no column {field!r} (columns: {', '.join(ds.column_names)})")
+    number = 0
+    for rows in ds.select_columns([field]).iter(batch_size=batch):
+        for text in rows[field]:
+            if text is not None and not isinstance(text, str):
+                raise LmforgeError(f"{path}: row {number}: column {field!r} holds {type(text).__name__}, not text")
+            number += 1
+            yield _lines(text or "")
+
+
 def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 # -- tokenizing in worker processes ---------------------------------------------------------------------
-_WORKER_TOKENIZER = None
+_WORKER_TOKENIZER, _WORKER_BREAKS = None, True
 
 
-def _init_worker(tokenizer) -> None:
-    global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = tokenizer
+def _init_worker(tokenizer, line_breaks: bool) -> None:
+    global _WORKER_TOKENIZER, _WORKER_BREAKS
+    _WORKER_TOKENIZER, _WORKER_BREAKS = tokenizer, line_breaks
 
 
-def encode_lines(tokenizer, lines: Sequence[str]) -> list[list[int]]:
+def encode_lines(tokenizer, lines: Sequence[str], line_breaks: bool = True) -> list[list[int]]:
     """Token ids of each line with its line break, without special tokens (batches add those).
 
     The break is a token only for tokenizers that represent whitespace (byte-level BPE: 'Ċ'); WordPiece and
-    Sennrich BPE drop it, as they drop every space.
+    Sennrich BPE drop it, as they drop every space. ``line_breaks=False`` leaves it out (one sentence a line,
+    as in translation pairs).
     """
+    end = "\n" if line_breaks else ""
     encode = getattr(tokenizer, "encode_ordinary", None)
     if callable(encode):
-        return [encode(line + "\n") for line in lines]
-    return [tokenizer.encode(line + "\n", add_special_tokens=False).ids for line in lines]
+        return [encode(line + end) for line in lines]
+    return [tokenizer.encode(line + end, add_special_tokens=False).ids for line in lines]
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
-    return encode_lines(_WORKER_TOKENIZER, lines)
+    return encode_lines(_WORKER_TOKENIZER, lines, _WORKER_BREAKS)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -161,12 +208,14 @@ def prepare_corpus(
     seed: int = 0,
     errors: str = "strict",
     progress: bool = True,
+    line_breaks: bool = True,
 ) -> dict:
     """Tokenize files into train/valid shards; return the manifest.
 
     Validation documents are a seeded random ``val_fraction`` of the documents (at least one, when there
     are two or more); with a single document, its last ``val_fraction`` of lines are held out instead.
-    ``val_fraction=0`` holds out nothing.
+    ``val_fraction=0`` holds out nothing. ``line_breaks=False`` stores each line without its break and
+    without an end-of-text token closing the document: a corpus of independent sentences (translation pairs).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,14 +227,14 @@ def prepare_corpus(
         raise LmforgeError(f"{', '.join(map(str, paths))}: no text found (empty corpus)")
     docs = _split_single_document(docs, val_fraction)
     all_lines = [line for doc in docs for line in doc]
-    encoded = _encode_all(tokenizer, all_lines, workers, progress)
+    encoded = _encode_all(tokenizer, all_lines, workers, progress, line_breaks)
 
     n_val = 0 if len(docs) < 2 or val_fraction <= 0 else max(1, round(val_fraction * len(docs)))
     order = np.random.default_rng(seed).permutation(len(docs))
     is_val = np.zeros(len(docs), dtype=bool)
     is_val[order[:n_val]] = True
     splits = {"train": Split([], [], []), "valid": Split([], [], [])}
-    eos = getattr(tokenizer, "eos_id", None)  # ends each document, for tokenizers that have one (GPT-2's)
+    eos = getattr(tokenizer, "eos_id", None) if line_breaks else None  # ends each document (GPT-2's <|endoftext|>)
     position = 0
     for d, doc in enumerate(docs):
         split = splits["valid" if is_val[d] else "train"]
@@ -220,7 +269,8 @@ def _split_single_document(docs: list[list[str]], val_fraction: float) -> list[l
     return [docs[0][:cut], docs[0][cut:]]
 
 
-def _encode_all(tokenizer, lines: list[str], workers: int | None, progress: bool) -> list[list[int]]:
+def _encode_all(tokenizer, lines: list[str], workers: int | None, progress: bool,
+                line_breaks: bool = True) -> list[list[int]]:
     workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
     chunk = 2000
     chunks = [lines[i: i + chunk] for i in range(0, len(lines), chunk)]
@@ -228,10 +278,10 @@ def _encode_all(tokenizer, lines: list[str], workers: int | None, progress: bool
     out: list[list[int]] = []
     if workers <= 1 or len(chunks) == 1:
         for part in chunks:
-            out.extend(encode_lines(tokenizer, part))
+            out.extend(encode_lines(tokenizer, part, line_breaks))
             bar.update(len(part))
     else:
-        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tokenizer, line_breaks)) as pool:
             for part, ids in zip(chunks, pool.map(_encode_chunk, chunks), strict=True):
                 out.extend(ids)
                 bar.update(len(part))

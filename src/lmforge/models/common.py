@@ -46,10 +46,14 @@ def padding_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over positions whose label is not -100. logits (..., V), labels (...)."""
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over positions whose label is not -100. logits (..., V), labels (...).
+
+    With label smoothing ε (Szegedy et al. 2016; Vaswani et al. §5.4 use ε = 0.1) the target is
+    (1 - ε) on the label plus ε / V spread over the whole vocabulary.
+    """
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+                           ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

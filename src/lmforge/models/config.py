@@ -3,6 +3,9 @@
     EncoderConfig   BERT (Devlin et al. 2018): bidirectional, post-LN, GELU, learned positions, segments
     DecoderConfig   GPT-2 (Radford et al. 2019): causal, pre-LN, tanh-GELU, learned positions, tied head
     Seq2SeqConfig   Transformer (Vaswani et al. 2017): encoder-decoder, post-LN, ReLU, sinusoidal positions
+    RNNSeq2SeqConfig  BiLSTM encoder + LSTM decoder with additive / multiplicative attention (Bahdanau, Luong)
+    BiLMConfig, CNNConfig, GridCaptionerConfig, DualEncoderConfig: in their model files (elmo.py, cnn.py,
+                    captioning.py, dual_encoder.py), each adding itself to CONFIG_CLASSES
 
 Each config round-trips: ``Config.from_dict(c.to_dict()) == c`` and ``Config.load(c.save(dir)) == c``.
 The ``kind`` field says which class a ``config.json`` belongs to (``load_config`` dispatches on it).
@@ -131,11 +134,51 @@ class Seq2SeqConfig(ConfigMixin):
     bos_id: int | None = 1
     eos_id: int | None = 2
     attention_dropout: float = 0.0  # the paper drops sublayer outputs only
+    label_smoothing: float = 0.0  # the paper's ε_ls = 0.1 (§5.4); training loss only
     kind: str = field(default="seq2seq")
 
 
-Config = EncoderConfig | DecoderConfig | Seq2SeqConfig
-CONFIG_CLASSES: dict[str, type] = {"encoder": EncoderConfig, "decoder": DecoderConfig, "seq2seq": Seq2SeqConfig}
+@dataclass
+class RNNSeq2SeqConfig(ConfigMixin):
+    """Bahdanau/Luong et al. 2015: a bidirectional LSTM encoder, an LSTM decoder with attention and input feeding.
+
+    The encoder runs d_hidden // 2 units per direction, so its states [→h; ←h] have d_hidden like the
+    decoder's (Luong's "dot" score needs equal sizes). ``attention``: additive | general | dot.
+    ``tie_embeddings`` shares the embedding with the output projection (needs d_embed = d_hidden).
+    """
+
+    vocab_size: int
+    d_embed: int = 256
+    d_hidden: int = 256
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    attention: str = "additive"
+    input_feeding: bool = True
+    dropout: float = 0.2
+    pad_id: int | None = 0
+    bos_id: int | None = 1
+    eos_id: int | None = 2
+    label_smoothing: float = 0.0  # training loss only
+    max_positions: int = 512  # no position table: only a cap on source and generated lengths
+    tie_embeddings: bool = True
+    kind: str = field(default="rnn-seq2seq")
+
+    def validate(self, source: str = "config") -> None:
+        if self.attention not in ("additive", "general", "dot"):
+            raise LmforgeError(f"{source}: attention must be additive, general or dot, got {self.attention!r}")
+        if self.d_hidden % 2:
+            raise LmforgeError(f"{source}: d_hidden={self.d_hidden} must be even (two encoder directions)")
+        if self.tie_embeddings and self.d_embed != self.d_hidden:
+            raise LmforgeError(f"{source}: tie_embeddings needs d_embed ({self.d_embed}) = d_hidden ({self.d_hidden})")
+        if min(self.n_encoder_layers, self.n_decoder_layers) < 1:
+            raise LmforgeError(f"{source}: n_encoder_layers and n_decoder_layers must be >= 1")
+
+
+Config = EncoderConfig | DecoderConfig | Seq2SeqConfig | RNNSeq2SeqConfig
+# The configs defined in their model's file (BiLMConfig, CNNConfig, GridCaptionerConfig, DualEncoderConfig) add
+# themselves when lmforge.models is imported, which lmforge.models.registry always does.
+CONFIG_CLASSES: dict[str, type] = {"encoder": EncoderConfig, "decoder": DecoderConfig, "seq2seq": Seq2SeqConfig,
+                                   "rnn-seq2seq": RNNSeq2SeqConfig}
 
 PRESETS: dict[str, Config] = {
     # Devlin et al. Table/§3: BERT-base L=12, H=768, A=12 (110M); BERT-large L=24, H=1024, A=16 (340M).
@@ -152,6 +195,11 @@ PRESETS: dict[str, Config] = {
     "gpt-tiny": DecoderConfig(vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_positions=128),
     "seq2seq-tiny": Seq2SeqConfig(vocab_size=1000, d_model=64, n_encoder_layers=2, n_decoder_layers=2,
                                   n_heads=4, d_ff=128, max_positions=128),
+    "rnn-seq2seq-tiny": RNNSeq2SeqConfig(vocab_size=1000, d_embed=64, d_hidden=64, n_encoder_layers=1,
+                                         n_decoder_layers=1, max_positions=128),
+    # The size of configs/rnn-seq2seq-mini.yaml, about as many parameters as seq2seq-mini's Transformer.
+    "rnn-seq2seq-mini": RNNSeq2SeqConfig(vocab_size=8000, d_embed=352, d_hidden=352, n_encoder_layers=2,
+                                         n_decoder_layers=2, max_positions=256),
 }
 
 

@@ -18,25 +18,50 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.models.captioning import GridCaptioner
+from lmforge.models.cnn import CNNForSequenceClassification, SentenceCNN
 from lmforge.models.config import Config, config_from_dict, config_path, read_json
 from lmforge.models.decoder import Decoder
+from lmforge.models.dual_encoder import DualEncoder
+from lmforge.models.elmo import BiLM, BiLMForSequenceClassification, BiLMForTokenClassification
 from lmforge.models.encoder import (
     Encoder,
     EncoderForPreTraining,
     EncoderForSequenceClassification,
     EncoderForTokenClassification,
 )
+from lmforge.models.rnn_seq2seq import RNNSeq2Seq
 from lmforge.models.seq2seq import Seq2Seq
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
+    # Transformers
     "Encoder": Encoder,
     "EncoderForPreTraining": EncoderForPreTraining,
     "EncoderForSequenceClassification": EncoderForSequenceClassification,
     "EncoderForTokenClassification": EncoderForTokenClassification,
     "Decoder": Decoder,
     "Seq2Seq": Seq2Seq,
+    # the roots: recurrent and convolutional models
+    "BiLM": BiLM,
+    "BiLMForSequenceClassification": BiLMForSequenceClassification,
+    "BiLMForTokenClassification": BiLMForTokenClassification,
+    "RNNSeq2Seq": RNNSeq2Seq,
+    "SentenceCNN": SentenceCNN,
+    "CNNForSequenceClassification": CNNForSequenceClassification,
+    # beyond token sequences
+    "GridCaptioner": GridCaptioner,
+    "DualEncoder": DualEncoder,
 }
-DEFAULT_ARCHITECTURE = {"encoder": "Encoder", "decoder": "Decoder", "seq2seq": "Seq2Seq"}
+DEFAULT_ARCHITECTURE = {  # config kind -> the base model built when no architecture is named
+    "encoder": "Encoder",
+    "decoder": "Decoder",
+    "seq2seq": "Seq2Seq",
+    "bilm": "BiLM",
+    "rnn-seq2seq": "RNNSeq2Seq",
+    "cnn": "SentenceCNN",
+    "grid-captioner": "GridCaptioner",
+    "dual-encoder": "DualEncoder",
+}
 WEIGHTS_NAME = "model.safetensors"
 
 

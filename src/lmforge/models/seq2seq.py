@@ -138,7 +138,7 @@ class Seq2Seq(nn.Module):
         memory = self.encode(src_ids, src_mask).last_hidden_state
         out = self.decode(tgt_ids, memory, src_mask, tgt_mask, output_attentions=output_attentions)
         if labels is not None:
-            out.loss = token_loss(out.logits, labels)
+            out.loss = token_loss(out.logits, labels, self.config.label_smoothing if self.training else 0.0)
         return out
 
     def new_caches(

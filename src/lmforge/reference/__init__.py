@@ -7,12 +7,18 @@ from lmforge.reference.attention import (
     softmax,
     split_heads,
 )
+from lmforge.reference.attention2d import spatial_self_attention
+from lmforge.reference.cnn import embedding_layer, sentence_cnn, strided_convolution
 from lmforge.reference.layers import encoder_layer, feed_forward, gelu, gelu_tanh, layer_norm, relu
 from lmforge.reference.positions import one_hot_positions, sinusoidal_positions
 from lmforge.reference.rnn import lstm_cell, lstm_state_update, sigmoid
+from lmforge.reference.rnn_attention import additive_attention, attend, multiplicative_attention
 
 __all__ = [
+    "additive_attention",
+    "attend",
     "causal_mask",
+    "embedding_layer",
     "encoder_layer",
     "feed_forward",
     "gelu",
@@ -21,11 +27,15 @@ __all__ = [
     "lstm_cell",
     "lstm_state_update",
     "multi_head_attention",
+    "multiplicative_attention",
     "one_hot_positions",
     "relu",
     "scaled_dot_product_attention",
+    "sentence_cnn",
     "sigmoid",
     "sinusoidal_positions",
     "softmax",
+    "spatial_self_attention",
     "split_heads",
+    "strided_convolution",
 ]

@@ -58,8 +58,18 @@ def count_targets(batch: dict[str, torch.Tensor], shift: int = 0) -> torch.Tenso
 
 
 def count_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens the model reads (for tokens/s): input ids, plus decoder inputs for seq2seq."""
-    return sum(int(batch[k].numel()) for k in ("input_ids", "decoder_input_ids") if k in batch)
+    """Tokens the model reads (for tokens/s): input ids; for seq2seq the real source and target tokens.
+
+    >>> count_tokens({"src_ids": torch.zeros(2, 4), "src_mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]),
+    ...               "tgt_ids": torch.zeros(2, 3), "tgt_mask": torch.tensor([[1, 1, 1], [1, 0, 0]])})
+    9
+    """
+    total = 0
+    for ids, mask in (("input_ids", None), ("decoder_input_ids", None), ("src_ids", "src_mask"),
+                      ("tgt_ids", "tgt_mask")):
+        if ids in batch:
+            total += int(batch[mask].sum()) if mask in batch else int(batch[ids].numel())
+    return total
 
 
 class EvalAccumulator:
