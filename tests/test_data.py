@@ -302,3 +302,15 @@ def test_parquet_arrow_and_saved_datasets_through_hf_datasets(tmp_path):
     manifest = prepare_corpus([tmp_path / "a.parquet"], WhitespaceTokenizer([]), tmp_path / "out", val_fraction=0.0,
                               workers=1, progress=False)
     assert manifest["splits"]["train"]["documents"] == 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_single_document_holds_out_its_last_lines(tmp_path, seed):
+    lines = [f"line {i}" for i in range(200)]
+    (tmp_path / "one.txt").write_text("\n".join(lines) + "\n")
+    tok = WhitespaceTokenizer([])
+    prepare_corpus([tmp_path / "one.txt"], tok, tmp_path / "c", val_fraction=0.02, workers=1, progress=False,
+                   seed=seed)
+    train, valid = TokenShard.open(tmp_path / "c", "train"), TokenShard.open(tmp_path / "c", "valid")
+    assert (len(train.lines) - 1, len(valid.lines) - 1) == (196, 4)  # whatever the seed: the tail, 2%
+    assert valid.line_tokens(3).tolist() == tok.encode("line 199").ids

@@ -225,14 +225,17 @@ def prepare_corpus(
     docs = [doc for p in paths for doc in iter_documents(p, doc_separator, field, errors) if doc]
     if not docs:
         raise LmforgeError(f"{', '.join(map(str, paths))}: no text found (empty corpus)")
+    single = len(docs) == 1
     docs = _split_single_document(docs, val_fraction)
     all_lines = [line for doc in docs for line in doc]
     encoded = _encode_all(tokenizer, all_lines, workers, progress, line_breaks)
 
-    n_val = 0 if len(docs) < 2 or val_fraction <= 0 else max(1, round(val_fraction * len(docs)))
-    order = np.random.default_rng(seed).permutation(len(docs))
     is_val = np.zeros(len(docs), dtype=bool)
-    is_val[order[:n_val]] = True
+    if single and len(docs) == 2:  # one document cut in two: its tail is the validation part
+        is_val[1] = True
+    elif len(docs) >= 2 and val_fraction > 0:
+        n_val = max(1, round(val_fraction * len(docs)))
+        is_val[np.random.default_rng(seed).permutation(len(docs))[:n_val]] = True
     splits = {"train": Split([], [], []), "valid": Split([], [], [])}
     eos = getattr(tokenizer, "eos_id", None) if line_breaks else None  # ends each document (GPT-2's <|endoftext|>)
     position = 0
