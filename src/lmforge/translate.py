@@ -168,11 +168,9 @@ def alignment(model: nn.Module, tokenizer, source: str, target: str, layer: int 
 
 def plot_alignment(alignments: Sequence[tuple[str, Alignment]], path: str | Path) -> Path:
     """Heatmaps of one or more alignments side by side (rows: target tokens, columns: source tokens)."""
-    import matplotlib
+    from lmforge.viz.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     n = len(alignments)
     first = alignments[0][1]
     width = max(4.0, 0.28 * len(first.source_tokens) + 1.5)
@@ -185,8 +183,4 @@ def plot_alignment(alignments: Sequence[tuple[str, Alignment]], path: str | Path
         ax.set_yticks(range(len(a.target_tokens)), [t.strip() or "␣" for t in a.target_tokens], fontsize=8)
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

@@ -23,6 +23,7 @@ import numpy as np
 
 from lmforge.errors import LmforgeError
 from lmforge.inspect import AttentionView
+from lmforge.viz.plots import save_figure
 
 DPI = 100
 GRID_COLUMNS = 4  # panels per row when one layer's heads (or one head's layers) are shown
@@ -189,10 +190,4 @@ def plot_rollout(tokens: list[str], rollout: np.ndarray, path: str | Path, title
 
 
 def _save(fig, path: str | Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=DPI)

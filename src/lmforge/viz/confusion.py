@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lmforge.viz.plots import save_figure
+
 
 def plot_confusion(matrix: Sequence[Sequence[int]] | np.ndarray, names: Sequence[str], path: str | Path,
                    title: str = "confusion matrix") -> Path:
@@ -38,8 +40,4 @@ def plot_confusion(matrix: Sequence[Sequence[int]] | np.ndarray, names: Sequence
                             color="white" if rates[i, j] > 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046, label="share of the gold row")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from lmforge.errors import LmforgeError
+from lmforge.viz.plots import save_figure
 
 DPI = 100
 COLUMNS = 5  # panels per row
@@ -62,8 +63,4 @@ def plot_grid_attention(
     if im is not None:
         fig.colorbar(im, ax=axes, fraction=0.02, pad=0.02, label="attention α[x, y] (heads, layers averaged)")
     fig.suptitle(title or "cross-attention over the grid, per generated word (red box: peak)", fontsize=11)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=DPI)

@@ -17,7 +17,8 @@ from typing import Any
 from lmforge.errors import LmforgeError
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,8 +27,9 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str | Path, dpi: int = 100) -> Path:
-    plt = _pyplot()
+def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
+    """Write ``fig`` to ``path`` (folders created) and close it."""
+    plt = pyplot()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
@@ -50,7 +52,7 @@ def plot_positional_encoding(path: str | Path, n_positions: int = 100, d_model: 
         raise LmforgeError(f"positional encoding needs n_positions >= 1 and d_model >= 2, got {n_positions}, "
                            f"{d_model}")
     pe = sinusoidal_positions(n_positions, d_model, base)  # (N, D)
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), gridspec_kw={"width_ratios": [1.25, 1, 1]})
     im = axes[0].imshow(pe, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     axes[0].set_xlabel("dimension")
@@ -68,7 +70,7 @@ def plot_positional_encoding(path: str | Path, n_positions: int = 100, d_model: 
     axes[2].set_title("PE(p) · PE(q) depends on |p - q| only")
     fig.colorbar(im, ax=axes[2], fraction=0.046)
     fig.tight_layout()
-    return _save(fig, path, dpi=80)
+    return save_figure(fig, path, dpi=80)
 
 
 def read_run(run: str | Path) -> tuple[str, list[dict[str, Any]]]:
@@ -108,7 +110,7 @@ def plot_loss_curves(runs: Sequence[str | Path], path: str | Path, labels: Seque
         raise LmforgeError(f"plot_loss_curves: {len(runs)} runs but {len(labels)} labels")
     if not 0 <= smoothing < 1:
         raise LmforgeError(f"smoothing must be in [0, 1), got {smoothing}")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, run in enumerate(runs):
@@ -132,4 +134,4 @@ def plot_loss_curves(runs: Sequence[str | Path], path: str | Path, labels: Seque
     ax.legend(fontsize=8)
     ax.set_title("loss curves" + (f" (train smoothed {smoothing:g})" if smoothing else ""))
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
