@@ -120,18 +120,23 @@ class LSTM(nn.Module):
         for layer in range(self.num_layers):
             if layer > 0:
                 x = self.drop(x)
-            outs = []
-            for d in range(self.dirs):
-                k = layer * self.dirs + d
-                s0 = (state[0][k], state[1][k]) if state is not None else None
-                run = self._explicit if explicit else self._fused
-                out, (h, c) = run(self.cells[k], x, lengths, s0, reverse=d == 1)
-                outs.append(out)
+            ks = range(layer * self.dirs, (layer + 1) * self.dirs)  # this layer's cells: forward (, backward)
+            if explicit:
+                outs = []
+                for d, k in enumerate(ks):
+                    s0 = (state[0][k], state[1][k]) if state is not None else None
+                    out, (h, c) = self._explicit(self.cells[k], x, lengths, s0, reverse=d == 1)
+                    outs.append(out)
+                    h_n.append(h[None])
+                    c_n.append(c[None])
+                x = torch.cat(outs, dim=-1) if self.dirs == 2 else outs[0]  # (B, T, dirs·J)
+            else:
+                s0 = (state[0][ks.start:ks.stop], state[1][ks.start:ks.stop]) if state is not None else None
+                x, (h, c) = self._fused([self.cells[k] for k in ks], x, lengths, s0)
                 h_n.append(h)
                 c_n.append(c)
-            x = torch.cat(outs, dim=-1) if self.dirs == 2 else outs[0]  # (B, T, dirs·J)
             layers.append(x)
-        return LSTMOutput(x, layers, torch.stack(h_n), torch.stack(c_n))
+        return LSTMOutput(x, layers, torch.cat(h_n), torch.cat(c_n))
 
     @staticmethod
     def _explicit(cell: LSTMCell, x: torch.Tensor, lengths: torch.Tensor, state: State | None,
@@ -149,31 +154,34 @@ class LSTM(nn.Module):
         return torch.stack(outputs, dim=1), (h, c)  # (B, T, J), ((B, J), (B, J))
 
     @staticmethod
-    def _fused(cell: LSTMCell, x: torch.Tensor, lengths: torch.Tensor, state: State | None,
-               reverse: bool) -> tuple[torch.Tensor, State]:
-        """PyTorch's fused LSTM kernel with the cell's own weights; rows packed by length."""
+    def _fused(cells: list[LSTMCell], x: torch.Tensor, lengths: torch.Tensor,
+               state: State | None) -> tuple[torch.Tensor, State]:
+        """One layer (one or both directions) in PyTorch's fused LSTM kernel with the cells' own weights.
+
+        state: (h_0, c_0) each (dirs, B, J). Padded batches are packed by length, so each row's backward
+        direction starts at its own last token. Returns output (B, T, dirs·J) and (h_n, c_n) each (dirs, B, J).
+        """
         b, t, _ = x.shape
-        h, c = state if state is not None else cell.zero_state(b, x)
-        weights = [cell.weight_ih, cell.weight_hh, cell.bias, torch.zeros_like(cell.bias)]
-        if reverse:  # run forward over each row's real tokens in reverse order
-            x = reverse_padded(x, lengths)
+        dirs, j = len(cells), cells[0].hidden_size
+        h, c = state if state is not None else (x.new_zeros(dirs, b, j), x.new_zeros(dirs, b, j))
+        weights = [w for cell in cells  # PyTorch's layout per direction: W_ih, W_hh, b_ih, b_hh (= 0 here)
+                   for w in (cell.weight_ih, cell.weight_hh, cell.bias, torch.zeros_like(cell.bias))]
+        bidirectional = dirs == 2
         if bool((lengths == t).all()):
-            out, h_n, c_n = torch.lstm(x, (h[None], c[None]), weights, True, 1, 0.0, False, False, True)
-        else:
-            packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
-            order, unorder = packed.sorted_indices, packed.unsorted_indices  # packing sorts rows by length
-            data, h_n, c_n = torch.lstm(packed.data, packed.batch_sizes, (h[None, order], c[None, order]), weights,
-                                        True, 1, 0.0, False, False)
-            h_n, c_n = h_n[:, unorder], c_n[:, unorder]  # (1, B, J) back in the batch's order
-            out, _ = pad_packed_sequence(packed._replace(data=data), batch_first=True, total_length=t)
-            if bool((lengths == 0).any()):  # an empty row: no step ran, its state stays the initial one
-                empty = (lengths == 0).to(x.device)
-                out = out.masked_fill(empty[:, None, None], 0.0)
-                h_n = torch.where(empty[None, :, None], h[None], h_n)
-                c_n = torch.where(empty[None, :, None], c[None], c_n)
-        if reverse:
-            out = reverse_padded(out, lengths)
-        return out, (h_n[0], c_n[0])
+            out, h_n, c_n = torch.lstm(x, (h, c), weights, True, 1, 0.0, False, bidirectional, True)
+            return out, (h_n, c_n)
+        packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+        order, unorder = packed.sorted_indices, packed.unsorted_indices  # packing sorts rows by length
+        data, h_n, c_n = torch.lstm(packed.data, packed.batch_sizes, (h[:, order], c[:, order]), weights,
+                                    True, 1, 0.0, False, bidirectional)
+        h_n, c_n = h_n[:, unorder], c_n[:, unorder]  # (dirs, B, J) back in the batch's order
+        out, _ = pad_packed_sequence(packed._replace(data=data), batch_first=True, total_length=t)
+        if bool((lengths == 0).any()):  # an empty row: no step ran, its state stays the initial one
+            empty = (lengths == 0).to(x.device)
+            out = out.masked_fill(empty[:, None, None], 0.0)
+            h_n = torch.where(empty[None, :, None], h, h_n)
+            c_n = torch.where(empty[None, :, None], c, c_n)
+        return out, (h_n, c_n)
 
 
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
