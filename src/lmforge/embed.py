@@ -39,6 +39,7 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.inspect import backbone, device_of
+from lmforge.nn.pooling import mean_pool
 
 POOLINGS = ("mean", "cls", "last")
 
@@ -112,8 +113,7 @@ def pool(h: torch.Tensor, mask: torch.Tensor, special: torch.Tensor | None = Non
     if how != "mean":
         raise LmforgeError(f"--pooling: {how!r} is not one of {', '.join(POOLINGS)}")
     keep = mask.bool() if special is None else mask.bool() & ~special.bool()  # (B, T)
-    keep = keep.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
-    return (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1e-9)
+    return mean_pool(h, keep)
 
 
 def embed(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, layer: int | None = None,

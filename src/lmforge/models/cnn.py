@@ -41,6 +41,7 @@ from lmforge.models.common import check_ids, padding_mask, token_loss
 from lmforge.models.config import CONFIG_CLASSES, ConfigMixin
 from lmforge.models.heads import SequenceClassificationHead
 from lmforge.models.outputs import ModelOutput
+from lmforge.nn.pooling import mean_pool
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu, "gelu": F.gelu}
 POOLINGS = ("max", "mean")
@@ -117,12 +118,10 @@ class StridedConvolution(nn.Module):
 
 def masked_pool(h: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
     """Max or mean of h (B, T, D) over the real positions of mask (B, T) -> (B, D); 0 for an empty row."""
-    real = mask[..., None]  # (B, T, 1)
     if how == "max":
-        pooled = h.masked_fill(~real, float("-inf")).amax(dim=1)  # (B, D)
+        pooled = h.masked_fill(~mask[..., None], float("-inf")).amax(dim=1)  # (B, D)
         return torch.where(mask.any(1, keepdim=True), pooled, torch.zeros_like(pooled))
-    count = real.sum(1).clamp(min=1).to(h.dtype)  # (B, 1)
-    return (h * real.to(h.dtype)).sum(1) / count
+    return mean_pool(h, mask)
 
 
 class SentenceCNN(nn.Module):

@@ -38,6 +38,7 @@ from lmforge.models.config import CONFIG_CLASSES, ConfigMixin, EncoderConfig
 from lmforge.models.encoder import Encoder
 from lmforge.models.outputs import ModelOutput
 from lmforge.nn import FeedForward, MultiHeadAttention
+from lmforge.nn.pooling import mean_pool
 
 SIMILARITIES = ("cosine", "dot")
 MAX_SCALE = 100.0  # 1 / τ never exceeds this (CLIP's clip), so the logits stay bounded
@@ -91,18 +92,6 @@ CONFIG_CLASSES.setdefault(DualEncoderConfig.kind, DualEncoderConfig)  # config.j
 
 
 # -- the pieces as functions: pooling, scores, loss, recall ---------------------------------------------
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the real positions: hidden (B, T, D), mask (B, T) 1 = real -> (B, D).
-
-    >>> mean_pool(torch.tensor([[[1.0], [3.0], [100.0]]]), torch.tensor([[1, 1, 0]])).tolist()
-    [[2.0]]
-    """
-    if mask is None:
-        return hidden.mean(dim=1)
-    w = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
-    return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1.0)
-
-
 def similarity(a: torch.Tensor, b: torch.Tensor, kind: str = "cosine") -> torch.Tensor:
     """S[i, j] = a_i · b_j ('dot') or a_i · b_j / (|a_i| |b_j|) ('cosine'): a (N, E), b (M, E) -> (N, M).
 

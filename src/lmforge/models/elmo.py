@@ -44,6 +44,7 @@ from lmforge.models.config import CONFIG_CLASSES, PRESETS, ConfigMixin
 from lmforge.models.outputs import ModelOutput
 from lmforge.nn.lstm import reverse_padded
 from lmforge.nn.mix import ScalarMix
+from lmforge.nn.pooling import mean_pool
 
 IGNORE = -100
 warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
@@ -311,11 +312,8 @@ class BiLMForTokenClassification(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, **_: Any) -> ModelOutput:
         h = self.features(input_ids, attention_mask)  # (B, T, 2D)
-        if self.token_level:
-            logits = self.head(h)  # (B, T, C)
-        else:  # the masked mean over real tokens
-            m = (attention_mask if attention_mask is not None else torch.ones_like(input_ids))[..., None].to(h)
-            logits = self.head((h * m).sum(1) / m.sum(1).clamp(min=1))  # (B, C)
+        # token-cls: the head at every position (B, T, C); seq-cls: on the mean over real tokens (B, C)
+        logits = self.head(h if self.token_level else mean_pool(h, attention_mask))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE)

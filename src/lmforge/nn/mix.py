@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.nn.pooling import mean_pool
+
 
 class ScalarMix(nn.Module):
     """gamma * sum_j softmax(s)_j h_j over ``n_layers`` tensors of the same shape (B, T, D)."""
@@ -61,8 +63,7 @@ class MixedFeatureModel(nn.Module):
         if self.token_level:
             out.logits = self.model.head(h)  # (B, T, C)
         else:
-            m = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).unsqueeze(-1).to(h)
-            out.logits = self.model.head((h * m).sum(1) / m.sum(1).clamp(min=1))  # (B, D) -> (B, C)
+            out.logits = self.model.head(mean_pool(h, attention_mask))  # (B, D) -> (B, C)
         if labels is not None:
             out.loss = F.cross_entropy(out.logits.flatten(0, -2), labels.flatten(), ignore_index=-100)
         return out
