@@ -81,9 +81,9 @@ def main() -> None:
     setups = {name: training_setup(run) for name, run in runs.items()}
     seconds = step_seconds(setups, args.rounds, args.steps)
     test = sources.bible_pairs()["test"]
-    rows = {}
+    rows, trained = {}, {}
     for name, run in runs.items():
-        model, tokenizer = lmforge.load(run / "model")
+        model, tokenizer = trained[name] = lmforge.load(run / "model")
         _, _, source, config = setups[name]
         pairs = len(source.shard.lines) - 1
         evals = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
@@ -102,11 +102,8 @@ def main() -> None:
         }
         print(json.dumps({name: rows[name]}, ensure_ascii=False), file=sys.stderr)
 
-    verse_en, verse_es = evaluate_pairs_first(test)
-    maps = []
-    for name, run in runs.items():
-        model, tokenizer = lmforge.load(run / "model")
-        maps.append((name, alignment(model, tokenizer, verse_en, verse_es)))
+    verse_en, verse_es = alignment_verse(test)
+    maps = [(name, alignment(model, tokenizer, verse_en, verse_es)) for name, (model, tokenizer) in trained.items()]
     plot_alignment(maps, args.img / "translation_alignment.png")
     plot_loss_curves(list(runs.values()), args.img / "translation_loss.png", labels=list(runs), smoothing=0.6)
 
@@ -123,7 +120,7 @@ def main() -> None:
     print(json.dumps({"threads": args.threads, "rows": rows}, ensure_ascii=False))
 
 
-def evaluate_pairs_first(path: Path) -> tuple[str, str]:
+def alignment_verse(path: Path) -> tuple[str, str]:
     """A short verse of the test books for the alignment picture (the shortest of 10 to 25 words)."""
     from lmforge.translate import read_pairs
 

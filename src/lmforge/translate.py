@@ -34,12 +34,6 @@ def source_ids(tokenizer, text: str) -> list[int]:
     return encode_lines(tokenizer, [text], line_breaks=False)[0]
 
 
-def _limits(model: nn.Module) -> tuple[int, int, int]:
-    config = model.config
-    pad = config.pad_id if config.pad_id is not None else 0
-    return int(getattr(config, "max_positions", 1024)), pad, config.eos_id
-
-
 @torch.inference_mode()
 def translate(
     model: nn.Module,
@@ -60,7 +54,9 @@ def translate(
 
     model.eval()
     device = next(model.parameters()).device
-    max_positions, pad_id, _ = _limits(model)
+    config = model.config
+    max_positions = int(getattr(config, "max_positions", 1024))
+    pad_id = config.pad_id if config.pad_id is not None else 0
     encoded = []
     for i, text in enumerate(sources):
         ids = source_ids(tokenizer, text)
