@@ -28,8 +28,8 @@ from lmforge.data.corpus import MANIFEST, TokenShard, prepare_corpus, tokenizer_
 from lmforge.errors import LmforgeError
 
 OBJECTIVES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
-              "seq2seq": "Seq2Seq"}
-OBJECTIVES["bilm"] = "BiLM"  # ELMo (models/elmo.py): forward + backward LM on the clm windows
+              "seq2seq": "Seq2Seq",  # or RNNSeq2Seq: the preset's kind decides (build_pretraining_model)
+              "bilm": "BiLM"}  # ELMo (models/elmo.py): forward + backward LM on the clm windows
 NAMED_CORPORA = {
     "shakespeare": sources.shakespeare_files,
     "bible-en-es": lambda: [sources.bible_pairs()["train"]],  # TSV english<TAB>spanish, test books held out
