@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from lmforge.finetune import ADAPTER_FILE, FinetuneArgs, finetune
+from lmforge.interop.directories import ADAPTER_FILE
 from lmforge.models.registry import read_weights
+from lmforge.workflows.finetune import FinetuneArgs, finetune
 
 DATA = Path("runs/ft-data")
 BUDGET = {"epochs": 3.0, "batch_size": 16, "max_len": 128, "lr": 3e-3, "seed": 0}

@@ -76,7 +76,7 @@ def prepare(out: Path = DATA) -> Path:
 
 # -- parity -----------------------------------------------------------------------------------------------
 def run_lmforge(out: Path) -> tuple[float, float, float]:
-    from lmforge.finetune import FinetuneArgs, finetune
+    from lmforge.workflows.finetune import FinetuneArgs, finetune
 
     done = out / "lmforge" / "finetune.json"
     if done.is_file():  # a finished run of this very configuration: reuse it (delete the folder to re-run)

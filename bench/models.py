@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lmforge.generate import generate
+from lmforge.generation import generate
 from lmforge.models import Decoder, DecoderConfig, EncoderConfig
 from lmforge.models.encoder import EncoderForPreTraining
 

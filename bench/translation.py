@@ -30,11 +30,11 @@ import torch
 import lmforge
 from lmforge.data import sources
 from lmforge.models import count_parameters
-from lmforge.pretrain import DataSection, build_source, expand_files
 from lmforge.train.config import TrainConfig, load_recipe
 from lmforge.train.optim import build_optimizer
-from lmforge.translate import alignment, evaluate_translation, plot_alignment
 from lmforge.viz.plots import plot_loss_curves
+from lmforge.workflows.pretrain import DataSection, build_source, expand_files
+from lmforge.workflows.translate import alignment, evaluate_translation, plot_alignment
 
 
 def training_setup(run: Path):
@@ -122,7 +122,7 @@ def main() -> None:
 
 def alignment_verse(path: Path) -> tuple[str, str]:
     """A short verse of the test books for the alignment picture (the shortest of 10 to 25 words)."""
-    from lmforge.translate import read_pairs
+    from lmforge.workflows.translate import read_pairs
 
     pairs = [p for p in read_pairs(path) if 10 <= len(p[0].split()) <= 25]
     return min(pairs, key=lambda p: (len(p[0]), p[0])) if pairs else read_pairs(path)[0]

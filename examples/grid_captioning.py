@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lmforge.generation.captions import caption
 from lmforge.models.captioning import GridCaptioner, GridCaptionerConfig
 
 COLOURS = ("red", "green", "blue", "yellow")
@@ -153,7 +154,7 @@ def train(task: Task, steps: int = 600, batch_size: int = 64, seed: int = 0, log
 
 def evaluate(model: GridCaptioner, grids: torch.Tensor, layouts: list[Layout], beams: int = 1) -> dict[str, float]:
     """Exact-match caption accuracy, and the share of object words whose attention peaks on their cell."""
-    captions = model.caption(grids, beams=beams)
+    captions = caption(model, grids, beams=beams)
     exact = [[VOCAB[t] for t in c] == caption_words(lay) for c, lay in zip(captions, layouts, strict=True)]
     hits = total = 0
     for grid, layout in zip(grids, layouts, strict=True):
@@ -194,11 +195,11 @@ def main(argv: list[str] | None = None) -> None:
         return len(layouts[i]), len({o[2] for o in layouts[i]}), len({o[3] for o in layouts[i]})
 
     example = max(range(len(layouts)), key=variety)
-    caption = model.caption(grids[example : example + 1])[0]
-    maps = model.attention_maps(grids[example], caption)
-    print("caption:", " ".join(VOCAB[t] for t in caption), " truth:", " ".join(caption_words(layouts[example])))
+    words = caption(model, grids[example : example + 1])[0]
+    maps = model.attention_maps(grids[example], words)
+    print("caption:", " ".join(VOCAB[t] for t in words), " truth:", " ".join(caption_words(layouts[example])))
     objects = {(r, c): f"{COLOURS[col]}\n{SHAPES[s]}" for r, c, col, s in layouts[example]}
-    path = plot_grid_attention(maps.numpy(), [VOCAB[t] for t in caption], args.out, cell_labels=objects,
+    path = plot_grid_attention(maps.numpy(), [VOCAB[t] for t in words], args.out, cell_labels=objects,
                                row_labels=ROWS, column_labels=COLUMNS)
     print(f"wrote {path}")
 

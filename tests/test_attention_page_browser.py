@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import lmforge
-from lmforge.inspect import attention_maps
 from lmforge.models import build_model, get_preset, save_pretrained
 from lmforge.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
 from lmforge.viz import write_attention_page
+from lmforge.workflows.inspect import attention_maps
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.errors import LmforgeError
-from lmforge.generate import generate
+from lmforge.generation import generate
 from lmforge.models import GridCaptioner, GridCaptionerConfig, load_pretrained, save_pretrained
 from lmforge.viz import plot_grid_attention
 
@@ -77,7 +77,7 @@ def test_without_2d_positions_the_cells_are_an_unordered_set() -> None:
 
 
 def test_generate_with_cache_equals_recompute_and_teacher_forcing() -> None:
-    """lmforge.generate runs unchanged: the KV cache path equals re-running the prefix, and greedy tokens are the
+    """lmforge.generation runs unchanged: the KV cache path equals re-running the prefix, and greedy tokens are the
     argmax of a teacher-forced pass over them."""
     model = tiny()
     grid = torch.randn(3, 2, 3, 6)

@@ -14,13 +14,13 @@ import torch
 import lmforge
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
-from lmforge.finetune import FinetuneArgs, finetune, load_finetuned
 from lmforge.models import CNNConfig, CNNForSequenceClassification, SentenceCNN, load_pretrained, save_pretrained
 from lmforge.models.cnn import StridedConvolution, forward_flops, halved_lengths
 from lmforge.models.config import config_from_dict, load_config
 from lmforge.reference.cnn import sentence_cnn, strided_convolution
 from lmforge.reference.rnn import sigmoid
 from lmforge.tokenizers import KINDS
+from lmforge.workflows.finetune import FinetuneArgs, finetune, load_finetuned
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from lmforge.data.collate import (
-    IGNORE,
     CausalLMSource,
     MaskedLMSource,
     Seq2SeqSource,
@@ -17,6 +16,7 @@ from lmforge.data.collate import (
 )
 from lmforge.data.corpus import TokenShard, iter_documents, prepare_corpus
 from lmforge.errors import LmforgeError
+from lmforge.nn.loss import IGNORE_INDEX
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -131,7 +131,7 @@ def test_masking_statistics_80_10_10():
     maskable = np.ones(n, dtype=bool)
     maskable[::10] = False  # "special" positions
     corrupted, labels = mask_tokens(ids, maskable, rng, mask_id=4, vocab_size=1000)
-    chosen = labels != IGNORE
+    chosen = labels != IGNORE_INDEX
     assert not chosen[~maskable].any()  # specials never chosen
     assert chosen[maskable].mean() == pytest.approx(0.15, abs=0.004)
     np.testing.assert_array_equal(labels[chosen], ids[chosen])  # labels are the originals
@@ -148,7 +148,7 @@ def test_whole_word_masking_takes_words_together():
     starts = np.tile([True, False, False], 10_000)  # words of three sub-tokens
     ids = np.arange(starts.size) % 900 + 5
     _, labels = mask_tokens(ids, np.ones(starts.size, bool), rng, 4, 1000, word_starts=starts)
-    per_word = (labels != IGNORE).reshape(-1, 3)
+    per_word = (labels != IGNORE_INDEX).reshape(-1, 3)
     assert (per_word.all(1) | ~per_word.any(1)).all()  # all or nothing within a word
     assert per_word[:, 0].mean() == pytest.approx(0.15, abs=0.01)
 
@@ -164,13 +164,13 @@ def test_mlm_nsp_batches(corpus):
     n_random = 0
     for i in range(64):
         n = int(batch["attention_mask"][i].sum())
-        assert (ids[i, n:] == tok.pad_id).all() and (labels[i, n:] == IGNORE).all()
+        assert (ids[i, n:] == tok.pad_id).all() and (labels[i, n:] == IGNORE_INDEX).all()
         seps = (ids[i, :n] == tok.sep_id).nonzero().flatten().tolist()
         assert seps[-1] == n - 1 and len(seps) >= 2
         a_end = seps[0]
         assert (types[i, : a_end + 1] == 0).all() and (types[i, a_end + 1: n] == 1).all()
         # originals: labels where masked, else the input itself; documents of A and B
-        original = torch.where(labels[i] != IGNORE, labels[i], ids[i])
+        original = torch.where(labels[i] != IGNORE_INDEX, labels[i], ids[i])
         docs_a = {doc_of(tok, int(t)) for t in original[1:a_end]}
         docs_b = {doc_of(tok, int(t)) for t in original[a_end + 1: n - 1]}
         assert len(docs_a) == 1 and len(docs_b) == 1
@@ -243,7 +243,7 @@ def test_seq2seq_teacher_forcing_alignment(tmp_path):
         n = len(y) + 1
         assert batch["tgt_ids"][i, :n].tolist() == [bos, *y]
         assert batch["labels"][i, :n].tolist() == [*y, eos]
-        assert (batch["labels"][i, n:] == IGNORE).all()
+        assert (batch["labels"][i, n:] == IGNORE_INDEX).all()
 
 
 def test_nsp_on_a_one_document_split_borrows_negatives_from_training(corpus, tmp_path):

@@ -11,12 +11,12 @@ import torch
 
 import lmforge
 from lmforge.errors import LmforgeError
-from lmforge.finetune import FinetuneArgs, finetune, load_finetuned, predict_lines
 from lmforge.models import BiLM, BiLMConfig, BiLMForTokenClassification, load_pretrained, save_pretrained
 from lmforge.models.elmo import ProjectedLSTM, lm_loss
 from lmforge.nn.lstm import LSTM
 from lmforge.tokenizers import KINDS
 from lmforge.train.metrics import count_targets, label_shift
+from lmforge.workflows.finetune import FinetuneArgs, finetune, load_finetuned, predict_lines
 
 pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning")]
@@ -189,7 +189,7 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def test_pretrain_objective_bilm_leaves_a_loadable_biLM(tmp_path):
-    from lmforge.pretrain import pretrain
+    from lmforge.workflows.pretrain import pretrain
 
     text = tmp_path / "t.txt"
     text.write_text("\n".join(SENTENCES * 30) + "\n")

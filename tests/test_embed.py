@@ -9,7 +9,10 @@ import torch
 
 import lmforge
 from lmforge.cli import main
-from lmforge.embed import (
+from lmforge.errors import LmforgeError
+from lmforge.models import build_model, get_preset, save_pretrained
+from lmforge.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+from lmforge.workflows.embed import (
     analogy,
     candidate_ids,
     cosine,
@@ -21,9 +24,6 @@ from lmforge.embed import (
     text_analogy,
     word_vector,
 )
-from lmforge.errors import LmforgeError
-from lmforge.models import build_model, get_preset, save_pretrained
-from lmforge.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
 
 CORPUS = ["the king spoke to the queen", "a man and a woman walked home", "Juventus lost from Ajax",
           "they were too strong", "unbelievably long sentences about kings and queens"] * 3

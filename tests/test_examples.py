@@ -267,7 +267,7 @@ KEY_LINES = {
 
 
 def test_demo_lists_every_example() -> None:
-    from lmforge.demo import EXAMPLES as DEMO_EXAMPLES
+    from lmforge.workflows.demo import EXAMPLES as DEMO_EXAMPLES
 
     assert sorted(DEMO_EXAMPLES) == sorted(KEY_LINES)
 

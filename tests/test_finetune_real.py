@@ -31,8 +31,8 @@ def real(tmp_path_factory):
 
 def test_minilm_lora_on_uncertainty_sentences(real, capsys):
     from lmforge.cli import main
-    from lmforge.finetune import load_finetuned
     from lmforge.nn.lora import merge_lora, unmerge_lora
+    from lmforge.workflows.finetune import load_finetuned
 
     root, minilm = real
     out = root / "unc-lora"

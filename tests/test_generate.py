@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.generate import generate, next_token, pad_prompts, stream, top_k_filter, top_p_filter
+from lmforge.generation import generate, next_token, pad_prompts, stream, top_k_filter, top_p_filter
 from lmforge.models import Decoder, get_preset
 from lmforge.models.outputs import ModelOutput
 from lmforge.models.seq2seq import Seq2Seq

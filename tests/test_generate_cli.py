@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lmforge.cli import main
-from lmforge.generate import generate
-from lmforge.generate_cli import TextStream
+from lmforge.generation import generate
+from lmforge.generation.text import TextStream
 from lmforge.models import Decoder, get_preset
 from lmforge.models.registry import save_pretrained
 from lmforge.tokenizers import ByteLevelBPETokenizer

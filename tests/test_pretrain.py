@@ -1,6 +1,7 @@
 """The pretraining pipeline end to end on small real text: each objective, resume, model directory, bad recipes."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import lmforge
 from lmforge.cli import main
 from lmforge.data.sources import shakespeare_files
 from lmforge.errors import LmforgeError
-from lmforge.pretrain import pretrain, read_pairs
+from lmforge.workflows.pretrain import pretrain, read_pairs
 
 pytestmark = pytest.mark.slow  # real Shakespeare text (fetched by `make test`), a few seconds each
 
@@ -39,13 +40,20 @@ def recipe(objective, files, kind, **model):
 
 @pytest.mark.parametrize("objective,kind", [("clm", "byte-bpe"), ("mlm", "wordpiece"), ("mlm+nsp", "wordpiece")])
 def test_objectives_train_and_leave_a_loadable_model(tmp_path, text_files, objective, kind):
-    result, model_dir = pretrain(recipe(objective, text_files, kind), tmp_path / "run")
-    assert result.step == 6 and torch.isfinite(torch.tensor(result.loss))
-    assert result.eval["eval_loss"] > 0
+    """Each objective starts where an untrained model must (uniform guesses: ln V per token, + ln 2 for the
+    next-sentence guess) and its held-out loss has fallen below that after 6 steps."""
+    r = recipe(objective, text_files, kind)
+    r["train"]["lr"] = 1e-2  # 6 steps must move the loss
+    result, model_dir = pretrain(r, tmp_path / "run")
     model, tokenizer = lmforge.load(model_dir)
     assert tokenizer.vocab_size == model.config.vocab_size
     events = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
-    assert any("eval_loss" in e for e in events)
+    chance = math.log(model.config.vocab_size) + (math.log(2) if objective == "mlm+nsp" else 0.0)
+    first = next(e["loss"] for e in events if e.get("event") == "train")
+    assert result.step == 6
+    assert first == pytest.approx(chance, abs=0.1)
+    evals = [e["eval_loss"] for e in events if "eval_loss" in e]
+    assert len(evals) == 2 and evals[-1] < chance - 0.2 and evals[-1] < evals[0]
     assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
 
 

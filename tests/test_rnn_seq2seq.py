@@ -8,11 +8,11 @@ import torch
 import lmforge
 from lmforge import reference as ref
 from lmforge.errors import LmforgeError
-from lmforge.generate import generate, pad_prompts
+from lmforge.generation import generate, pad_prompts
 from lmforge.models import RNNSeq2Seq, get_preset, load_config, load_pretrained, save_pretrained
 from lmforge.models.config import RNNSeq2SeqConfig
 from lmforge.nn.rnn_attention import AdditiveAttention, MultiplicativeAttention, make_attention
-from lmforge.pretrain import build_pretraining_model, pretrain
+from lmforge.workflows.pretrain import build_pretraining_model, pretrain
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

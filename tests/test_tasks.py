@@ -9,8 +9,8 @@ import torch
 
 from lmforge.data import tasks
 from lmforge.errors import LmforgeError
-from lmforge.metrics import accuracy, bio_chunks, chunk_f1, classification_report, confusion_matrix, macro_f1
 from lmforge.tokenizers import KINDS
+from lmforge.train.scores import accuracy, bio_chunks, chunk_f1, classification_report, confusion_matrix, macro_f1
 
 
 @pytest.fixture(scope="module")

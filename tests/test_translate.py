@@ -11,8 +11,8 @@ import torch
 import lmforge
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
-from lmforge.pretrain import pretrain
-from lmforge.translate import alignment, corpus_scores, source_ids, translate
+from lmforge.workflows.pretrain import pretrain
+from lmforge.workflows.translate import alignment, corpus_scores, source_ids, translate
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
@@ -97,4 +97,4 @@ def test_translate_rejects_a_decoder_only_model(tmp_path, capsys):
 
     save_pretrained(Decoder(get_preset("gpt-tiny")), tmp_path / "gpt")
     assert main(["translate", "--model", str(tmp_path / "gpt"), "hello"]) == 2
-    assert "holds a Decoder, not an encoder-decoder" in capsys.readouterr().err
+    assert "a Decoder model is not an encoder-decoder" in capsys.readouterr().err

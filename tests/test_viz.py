@@ -11,7 +11,6 @@ import torch
 import lmforge
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
-from lmforge.inspect import AttentionView, attention_maps, attention_rollout
 from lmforge.interop.huggingface import convert_to_hf
 from lmforge.models import build_model, get_preset, save_pretrained
 from lmforge.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
@@ -24,6 +23,8 @@ from lmforge.viz import (
     plot_rollout,
 )
 from lmforge.viz.attention import DPI, figure_size, panels
+from lmforge.viz.views import AttentionView
+from lmforge.workflows.inspect import attention_maps, attention_rollout
 
 CORPUS = ["Juventus lost from Ajax because they were too strong", "Juventus lost from Ajax because they were too weak",
           "the king spoke to the queen", "a man and a woman walked home"] * 3

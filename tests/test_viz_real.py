@@ -9,10 +9,10 @@ import torch
 import lmforge
 from lmforge.cli import main
 from lmforge.data.sources import minilm_path, shakespeare_files
-from lmforge.embed import embed
-from lmforge.inspect import attention_maps
-from lmforge.pretrain import pretrain
 from lmforge.viz import page_data, plot_attention
+from lmforge.workflows.embed import embed
+from lmforge.workflows.inspect import attention_maps
+from lmforge.workflows.pretrain import pretrain
 
 pytestmark = pytest.mark.slow  # real weights and text, fetched by `make test`
 
@@ -71,7 +71,7 @@ def test_minilm_word_analogy_and_neighbours(minilm, capsys):
     assert main(["embed", "--model", str(minilm), "--similar", "king", "-k", "3"]) == 0
     near = [json.loads(line)["token"] for line in capsys.readouterr().out.splitlines()]
     assert "queen" in near  # king's nearest input embeddings: kings, queen, monarch
-    from lmforge.embed import cosine, word_vector
+    from lmforge.workflows.embed import cosine, word_vector
 
     model, tok = lmforge.load(minilm)
     assert cosine(word_vector(model, tok, "king"), word_vector(model, tok, "queen")) > 0.5

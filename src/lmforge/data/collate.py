@@ -20,8 +20,7 @@ import torch
 
 from lmforge.data.corpus import TokenShard
 from lmforge.errors import LmforgeError
-
-IGNORE = -100
+from lmforge.nn.loss import IGNORE_INDEX
 
 
 def row_rng(seed: int, step: int, micro: int, row: int) -> np.random.Generator:
@@ -110,7 +109,7 @@ def mask_tokens(
         word_index = np.cumsum(word_starts | ~maskable) - 1  # every special token is a word of its own
         chosen_words = rng.random(word_index.max() + 1 if ids.size else 0) < probability
         chosen = maskable & chosen_words[word_index]
-    labels = np.where(chosen, ids, IGNORE)
+    labels = np.where(chosen, ids, IGNORE_INDEX)
     action = rng.random(ids.shape)
     corrupted = ids.copy()
     corrupted[chosen & (action < 0.8)] = mask_id
@@ -220,7 +219,7 @@ class MaskedLMSource(_Source):
         n, t = len(examples), self.seq_len
         ids = torch.full((n, t), self.special.pad, dtype=torch.long)
         types = torch.zeros(n, t, dtype=torch.long)
-        labels = torch.full((n, t), IGNORE, dtype=torch.long)
+        labels = torch.full((n, t), IGNORE_INDEX, dtype=torch.long)
         attention = torch.zeros(n, t, dtype=torch.long)
         for i, ex in enumerate(examples):
             k = ex["input_ids"].size
@@ -283,7 +282,7 @@ class Seq2SeqSource(_Source):
         n, t = len(examples), self.max_len
         src = torch.full((n, t), self.pad_id, dtype=torch.long)
         tgt = torch.full((n, t), self.pad_id, dtype=torch.long)
-        labels = torch.full((n, t), IGNORE, dtype=torch.long)
+        labels = torch.full((n, t), IGNORE_INDEX, dtype=torch.long)
         src_mask = torch.zeros(n, t, dtype=torch.long)
         tgt_mask = torch.zeros(n, t, dtype=torch.long)
         for i, (x, y) in enumerate(examples):

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.loss import IGNORE_INDEX
 
-IGNORE = -100
 TASKS = ("seq-cls", "token-cls")
 
 
@@ -221,19 +221,19 @@ def encode_tokens(examples: Sequence[Example], tokenizer, names: Sequence[str], 
         pieces = word_pieces(tokenizer, ex.words)
         w = 0
         while w < len(pieces):
-            ids, word_ids, labels = [cls_id], [None], [IGNORE]
+            ids, word_ids, labels = [cls_id], [None], [IGNORE_INDEX]
             start = w
             while w < len(pieces) and (len(ids) + len(pieces[w]) < max_len or w == start):
                 p = pieces[w][: max_len - 2]
-                tag = index[ex.tags[w]] if ex.tags else IGNORE
-                rest = _inside(ex.tags[w], index) if (ex.tags and label_all) else IGNORE
+                tag = index[ex.tags[w]] if ex.tags else IGNORE_INDEX
+                rest = _inside(ex.tags[w], index) if (ex.tags and label_all) else IGNORE_INDEX
                 ids += p
                 word_ids += [w - start] * len(p)
                 labels += [tag] + [rest if rest is not None else tag] * (len(p) - 1)
                 w += 1
             ids.append(sep_id)
             word_ids.append(None)
-            labels.append(IGNORE)
+            labels.append(IGNORE_INDEX)
             out.append(Feature(ids, [0] * len(ids), labels if ex.tags else None, word_ids, e, start))
     return out
 
@@ -276,7 +276,7 @@ def collate(features: Sequence[Feature], pad_id: int) -> dict[str, torch.Tensor]
     batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
     if features[0].label is not None:
         if isinstance(features[0].label, list):
-            labels = torch.full((len(features), t), IGNORE, dtype=torch.long)
+            labels = torch.full((len(features), t), IGNORE_INDEX, dtype=torch.long)
             for i, f in enumerate(features):
                 labels[i, : len(f.label)] = torch.tensor(f.label)  # type: ignore[arg-type]
         else:

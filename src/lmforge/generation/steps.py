@@ -25,12 +25,8 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.models.interfaces import is_encoder_decoder
 from lmforge.nn.layers import LayerCache
-
-
-def is_seq2seq(model: nn.Module) -> bool:
-    """An encoder-decoder has ``encode`` and ``decode``; a decoder-only model has neither."""
-    return hasattr(model, "encode") and hasattr(model, "decode")
 
 
 def reorder_caches(caches: list, index: torch.Tensor) -> None:
@@ -201,7 +197,7 @@ def make_steps(
     start_id: int | None = None,
 ) -> DecoderSteps | Seq2SeqSteps:
     """The stepper that fits ``model``: ``Seq2SeqSteps`` for encoder-decoders, else ``DecoderSteps``."""
-    if is_seq2seq(model):
+    if is_encoder_decoder(model):
         if start_id is None:
             config = getattr(model, "config", None)
             start_id = getattr(config, "decoder_start_id", None)

@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.files import write_text_atomic
 from lmforge.interop import bert, gpt2
-from lmforge.models.config import DecoderConfig, EncoderConfig, read_json, write_text_atomic
+from lmforge.models.config import DecoderConfig, EncoderConfig, read_json
 from lmforge.models.registry import (
     WEIGHTS_NAME,
     build_model,

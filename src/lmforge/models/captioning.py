@@ -18,9 +18,9 @@ positions:
 P2D writes the row x into one half of the channels and the column y into the other, with the fixed
 sinusoids of Vaswani et al. (``lmforge.nn.attention2d.sinusoidal_positions_2d``).
 
-Generation reuses ``lmforge.generate`` unchanged: the model has ``encode`` / ``decode`` / ``new_caches``
-like ``Seq2Seq``. ``generate`` takes 2-D inputs, so the grid goes in flattened to (B, X·Y·K); ``encode``
-accepts either shape.
+Generation reuses ``lmforge.generation`` unchanged (``lmforge.generation.captions.caption``): the model has
+``encode`` / ``decode`` / ``new_caches`` like ``Seq2Seq``. ``generate`` takes 2-D inputs, so the grid goes
+in flattened to (B, X·Y·K); ``encode`` accepts either shape.
 
     >>> cfg = GridCaptionerConfig(vocab_size=20, d_feature=8, grid_x=3, grid_y=3, d_model=32, n_heads=4, d_ff=64)
     >>> model = GridCaptioner(cfg).eval()
@@ -218,20 +218,6 @@ class GridCaptioner(nn.Module):
         return [layer.new_cache(batch, max_len, self.n_cells, dtype, device) for layer in self.layers]
 
     # -- captions and where they looked -------------------------------------------------------------
-    @torch.no_grad()
-    def caption(self, grid: torch.Tensor, max_new_tokens: int | None = None, beams: int = 1) -> list[list[int]]:
-        """Greedy (beams=1) or beam-search captions of a batch of grids (B, X, Y, K), stop token dropped.
-
-        Runs ``lmforge.generate.generate`` on the flattened grid with the KV cache.
-        """
-        from lmforge.generate import generate
-
-        grid = self.as_grid(grid)
-        n = max_new_tokens or self.config.max_length - 1
-        out = generate(self, grid.flatten(1), max_new_tokens=n, beams=beams)
-        eos = self.config.eos_id
-        return [[t for t in row if t != eos] for row in out.to_lists()]
-
     @torch.no_grad()
     def attention_maps(self, grid: torch.Tensor, caption: list[int], layer: int | None = None) -> torch.Tensor:
         """α[t, x, y] for each word of ``caption`` (one grid (X, Y, K)): (T, X, Y), heads averaged.

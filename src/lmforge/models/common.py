@@ -1,15 +1,15 @@
-"""Helpers shared by the three models: weight initialisation, input checks, the shifted LM loss."""
+"""Helpers shared by the models: weight initialisation and input checks (the losses are in lmforge.nn.loss)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.loss import IGNORE_INDEX, next_token_loss, token_loss
 
-IGNORE_INDEX = -100
-
+__all__ = ["IGNORE_INDEX", "check_ids", "check_length", "init_weights", "next_token_loss", "padding_mask",
+           "token_loss"]
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:
     """BERT/GPT-2 initialisation: Linear and Embedding weights ~ N(0, std), biases 0, LayerNorm (1, 0)."""
@@ -44,22 +44,3 @@ def padding_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     if mask is None:
         return None
     return mask if mask.dtype == torch.bool else mask != 0
-
-
-def token_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean cross-entropy over positions whose label is not -100. logits (..., V), labels (...).
-
-    With label smoothing ε (Szegedy et al. 2016; Vaswani et al. §5.4 use ε = 0.1) the target is
-    (1 - ε) on the label plus ε / V spread over the whole vocabulary.
-    """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
-
-
-def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Causal LM loss: the prediction at position t is scored against the token at t + 1.
-
-    logits (B, T, V), labels (B, T) (usually the input ids, with -100 where no loss is wanted).
-    """
-    # Shift the labels left rather than the logits right: the same loss without copying (B, T - 1, V) logits.
-    return token_loss(logits, F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX))

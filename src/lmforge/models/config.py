@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
+from lmforge.files import write_text_atomic
 
 # Keys a model directory's config.json may hold beside the architecture's fields (which head sits on
 # top, the label names of a fine-tuned model, ...). ``from_dict`` accepts and ignores them.
@@ -247,15 +247,3 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LmforgeError(f"{path}: expected a JSON object")
     return data
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside ``path`` and rename it over: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

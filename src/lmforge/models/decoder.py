@@ -32,6 +32,8 @@ class Decoder(nn.Module):
     torch.Size([1, 3, 1000])
     """
 
+    label_shift = 1  # the loss scores logits[:, :-1] against labels[:, 1:]: the trainer counts labels[:, 1:]
+
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.config = config

@@ -42,11 +42,11 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.models.config import CONFIG_CLASSES, PRESETS, ConfigMixin
 from lmforge.models.outputs import ModelOutput
+from lmforge.nn.loss import IGNORE_INDEX
 from lmforge.nn.lstm import reverse_padded
 from lmforge.nn.mix import ScalarMix
 from lmforge.nn.pooling import mean_pool
 
-IGNORE = -100
 warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
 
 
@@ -240,7 +240,7 @@ class BiLM(nn.Module):
             out.hidden_states = layers
         if labels is not None:
             if attention_mask is not None:
-                labels = labels.masked_fill(attention_mask == 0, IGNORE)
+                labels = labels.masked_fill(attention_mask == 0, IGNORE_INDEX)
             out.loss, fwd, bwd = lm_loss(fwd_logits, bwd_logits, labels, attention_mask)
             out.metrics = {"forward_loss": fwd.detach(), "backward_loss": bwd.detach()}
         return out
@@ -266,14 +266,14 @@ def lm_loss(fwd_logits: torch.Tensor, bwd_logits: torch.Tensor, labels: torch.Te
     """
     fwd_targets, bwd_targets = labels[:, 1:], labels[:, :-1]  # (B, T - 1) each
     if attention_mask is not None:  # the predicting position must be real: t for the forward, t + 1 for the backward
-        fwd_targets = fwd_targets.masked_fill(attention_mask[:, :-1] == 0, IGNORE)
-        bwd_targets = bwd_targets.masked_fill(attention_mask[:, 1:] == 0, IGNORE)
-    nll_f = F.cross_entropy(fwd_logits[:, :-1].flatten(0, 1).float(), fwd_targets.flatten(), ignore_index=IGNORE,
+        fwd_targets = fwd_targets.masked_fill(attention_mask[:, :-1] == 0, IGNORE_INDEX)
+        bwd_targets = bwd_targets.masked_fill(attention_mask[:, 1:] == 0, IGNORE_INDEX)
+    nll_f = F.cross_entropy(fwd_logits[:, :-1].flatten(0, 1).float(), fwd_targets.flatten(), ignore_index=IGNORE_INDEX,
                             reduction="sum")
-    nll_b = F.cross_entropy(bwd_logits[:, 1:].flatten(0, 1).float(), bwd_targets.flatten(), ignore_index=IGNORE,
+    nll_b = F.cross_entropy(bwd_logits[:, 1:].flatten(0, 1).float(), bwd_targets.flatten(), ignore_index=IGNORE_INDEX,
                             reduction="sum")
-    n_f = (fwd_targets != IGNORE).sum().clamp(min=1)
-    n_b = (bwd_targets != IGNORE).sum().clamp(min=1)
+    n_f = (fwd_targets != IGNORE_INDEX).sum().clamp(min=1)
+    n_b = (bwd_targets != IGNORE_INDEX).sum().clamp(min=1)
     return (nll_f + nll_b) / (2 * n_f), nll_f / n_f, nll_b / n_b
 
 
@@ -316,7 +316,7 @@ class BiLMForTokenClassification(nn.Module):
         logits = self.head(h if self.token_level else mean_pool(h, attention_mask))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE)
+            loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
         return ModelOutput(logits=logits, loss=loss)
 
 

@@ -97,7 +97,7 @@ class RNNSeq2Seq(nn.Module):
     """BiLSTM encoder, attentional LSTM decoder with input feeding, shared (optionally tied) embeddings.
 
     Same interface as ``Seq2Seq``: ``encode``, ``decode`` (with or without a cache), ``forward``
-    (teacher forcing, loss), ``new_caches``; ``lmforge.generate`` drives it unchanged.
+    (teacher forcing, loss), ``new_caches``; ``lmforge.generation`` drives it unchanged.
 
     >>> from lmforge.models.config import get_preset
     >>> model = RNNSeq2Seq(get_preset("rnn-seq2seq-tiny")).eval()

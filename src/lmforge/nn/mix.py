@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.nn.loss import IGNORE_INDEX
 from lmforge.nn.pooling import mean_pool
 
 
@@ -65,5 +66,5 @@ class MixedFeatureModel(nn.Module):
         else:
             out.logits = self.model.head(mean_pool(h, attention_mask))  # (B, D) -> (B, C)
         if labels is not None:
-            out.loss = F.cross_entropy(out.logits.flatten(0, -2), labels.flatten(), ignore_index=-100)
+            out.loss = F.cross_entropy(out.logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX)
         return out

@@ -229,12 +229,6 @@ def _suffix_form(tok: BPETokenizer) -> dict[str, Any]:
     return {"end_of_word_suffix": eow, "vocab": vocab, "merges": merges}
 
 
-def load_huggingface(path: str | Path) -> Tokenizer:
-    """Read a Hugging Face ``tokenizer.json`` file."""
-    path = Path(path)
-    return from_huggingface(json.loads(path.read_text(encoding="utf-8")), str(path))
-
-
 def save_huggingface(tok: Tokenizer, directory: str | Path) -> Path:
     """Write ``tok`` as a Hugging Face ``tokenizer.json`` in ``directory``."""
     path = Path(directory) / "tokenizer.json"

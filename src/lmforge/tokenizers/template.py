@@ -12,10 +12,8 @@ A template is a list of items: ``$A`` / ``$B`` for the sequences, anything else 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from lmforge.tokenizers.base import Encoding
+from lmforge.tokenizers.encoding import Encoding
 
 NO_TEMPLATE = {"single": ("$A",), "pair": ("$A", "$B:1")}
 
@@ -53,8 +51,6 @@ def truncate_pair_lengths(n1: int, n2: int, max_length: int) -> tuple[int, int]:
 def apply_template(items: tuple[tuple[str, int], ...], first: Encoding, second: Encoding | None,
                    vocab: dict[str, int]) -> Encoding:
     """Assemble the output of a template: sequences with their type ids, special tokens between."""
-    from lmforge.tokenizers.base import Encoding
-
     if items == (("$A", 0),):
         return first
     enc = Encoding([], [], [], [], [], [], [])

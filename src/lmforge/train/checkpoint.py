@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lmforge.errors import LmforgeError
-from lmforge.train.config import write_text_atomic
+from lmforge.files import write_text_atomic
 
 STEP_PREFIX = "step-"
 

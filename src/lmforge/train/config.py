@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, is_dataclass
@@ -27,6 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from lmforge.errors import LmforgeError
+from lmforge.files import write_text_atomic
 
 Schedule = Literal["cosine", "linear", "constant"]
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -269,21 +268,6 @@ def save_recipe(recipe: dict[str, Any], path: str | Path) -> None:
     write_text_atomic(Path(path), yaml.safe_dump(recipe, sort_keys=False))
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def diff_recipes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two recipes: ``["model.d_model", "train.lr"]``."""
     keys = []
@@ -333,5 +317,4 @@ __all__ = [
     "load_recipe",
     "parse_override",
     "save_recipe",
-    "write_text_atomic",
 ]

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmforge.train.config import write_text_atomic
+from lmforge.files import write_text_atomic
 
 
 def info(message: str) -> None:
@@ -124,30 +124,3 @@ def plot_loss(events: list[dict[str, Any]], path: Path) -> None:
 
 def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and math.isfinite(v)
-
-
-def plot_schedule(config, path: Path) -> None:
-    """The learning rate of every step of ``config`` (a TrainConfig), for all three schedules."""
-    import dataclasses
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from lmforge.train.optim import lr_at
-
-    steps = range(1, config.max_steps + 1)
-    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-    for schedule in ("cosine", "linear", "constant"):
-        cfg = dataclasses.replace(config, schedule=schedule)
-        ax.plot(list(steps), [lr_at(s, cfg) for s in steps], label=schedule, linewidth=1.5)
-    ax.axvline(config.warmup_steps, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("learning rate")
-    ax.set_title(f"warmup {config.warmup_steps} steps, lr {config.lr:g} -> min_lr {config.min_lr:g}")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

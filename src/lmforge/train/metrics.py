@@ -19,23 +19,15 @@ from typing import Any
 import torch
 from torch import nn
 
-IGNORE_INDEX = -100
+from lmforge.nn.loss import IGNORE_INDEX
 
 
 def label_shift(model: nn.Module) -> int:
     """How far a model shifts ``labels`` against its logits: 1 for GPT-style next-token loss, else 0.
 
-    A model says so with a ``label_shift`` attribute; lmforge's Decoder (loss on logits[:, :-1] against
-    labels[:, 1:]) is recognised without one.
+    A model says so with a ``label_shift`` attribute (lmforge's Decoder and BiLM set 1); without one, 0.
     """
-    shift = getattr(model, "label_shift", None)
-    if shift is not None:
-        return int(shift)
-    try:
-        from lmforge.models.decoder import Decoder
-    except ImportError:
-        return 0
-    return 1 if isinstance(model, Decoder) else 0
+    return int(getattr(model, "label_shift", 0))
 
 
 def count_targets(batch: dict[str, torch.Tensor], shift: int = 0) -> torch.Tensor:

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from lmforge.errors import LmforgeError
-from lmforge.inspect import AttentionView
 from lmforge.viz.plots import save_figure
+from lmforge.viz.views import AttentionView
 
 DPI = 100
 GRID_COLUMNS = 4  # panels per row when one layer's heads (or one head's layers) are shown
@@ -170,7 +170,7 @@ def _mosaic(ax, view: AttentionView, cmap, norm) -> None:
 
 def plot_rollout(tokens: list[str], rollout: np.ndarray, path: str | Path, title: str = "attention rollout"
                  ) -> Path:
-    """Heatmap of a rollout (T, T) (see ``lmforge.inspect.attention_rollout``): rows read from columns."""
+    """Heatmap of a rollout (T, T) (see ``lmforge.workflows.inspect.attention_rollout``): rows read from columns."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from lmforge.errors import LmforgeError
-from lmforge.inspect import AttentionMaps
 from lmforge.viz.explorer_page import PAGE, SCRIPT, STYLE
+from lmforge.viz.views import AttentionMaps
 
 DATA_RE = re.compile(r'<script type="application/json" id="attention-data">(.*?)</script>', re.S)
 LARGE_PAGE = 20_000_000  # bytes: beyond this the page is still written, with a warning

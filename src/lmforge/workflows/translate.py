@@ -25,13 +25,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-
-
-def source_ids(tokenizer, text: str) -> list[int]:
-    """Token ids of one source sentence, as the training pairs were tokenized (no line break, no specials)."""
-    from lmforge.data.corpus import encode_lines
-
-    return encode_lines(tokenizer, [text], line_breaks=False)[0]
+from lmforge.generation.text import source_ids
 
 
 @torch.inference_mode()
@@ -50,7 +44,7 @@ def translate(
     max_new_tokens: the most target tokens per sentence; by default 1.5 x the longest source of the batch
     plus 10, capped by the model's max_positions. Sources longer than max_positions are cut (a warning).
     """
-    from lmforge.generate import generate, pad_prompts
+    from lmforge.generation import generate, pad_prompts
 
     model.eval()
     device = next(model.parameters()).device
@@ -109,7 +103,7 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
 
 
 def read_pairs(path: str | Path, limit: int | None = None) -> list[tuple[str, str]]:
-    from lmforge.pretrain import read_pairs as read_tsv
+    from lmforge.workflows.pretrain import read_pairs as read_tsv
 
     pairs = read_tsv(Path(path))
     return pairs[:limit] if limit else pairs

@@ -1,6 +1,6 @@
 """The pictures of docs/inspection.md, rebuilt from the real all-MiniLM-L6-v2 and small lmforge runs.
 
-    python -m lmforge.viz.tour docs/img            # about a minute on two CPU cores
+    python scripts/attention_tour.py docs/img            # about a minute on two CPU cores
 
 Needs the MiniLM checkpoint and the Shakespeare text (``python -m lmforge.data.sources fetch --for-tests``);
 the explorer screenshot also needs selenium and Debian's chromium + chromium-driver (skipped without them).
@@ -48,7 +48,7 @@ def they_bars(views: dict, path: Path) -> Path:
 def pretrain_runs(root: Path) -> list[Path]:
     """Two small GPT runs on Shakespeare that differ only in learning rate; returns the run directories."""
     from lmforge.data.sources import shakespeare_files
-    from lmforge.pretrain import pretrain
+    from lmforge.workflows.pretrain import pretrain
 
     text = root / "hamlet.txt"
     text.write_text("\n".join(shakespeare_files()[0].read_text().splitlines()[:3000]))
@@ -110,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import lmforge
     from lmforge.data.sources import minilm_path
-    from lmforge.inspect import attention_maps, attention_rollout
     from lmforge.viz import (
         plot_attention,
         plot_loss_curves,
@@ -118,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         plot_rollout,
         write_attention_page,
     )
+    from lmforge.workflows.inspect import attention_maps, attention_rollout
 
     out = Path((argv or sys.argv[1:] or ["docs/img"])[0])
     out.mkdir(parents=True, exist_ok=True)

@@ -19,20 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
+from lmforge.cli.common import add_common, apply_threads, input_lines
 from lmforge.errors import LmforgeError
-
-
-def read_texts(given: list[str] | str | None) -> Iterator[str]:
-    """The TEXT arguments, or the non-empty lines of standard input."""
-    if given:
-        yield from [given] if isinstance(given, str) else given
-        return
-    for line in sys.stdin:
-        if line.strip():
-            yield line.rstrip("\n")
 
 
 def _out_for(out: Path, n: int, total: int) -> Path:
@@ -45,10 +35,12 @@ def display_name(model_dir: str) -> str:
     return f"{path.parent.name}/{path.name}" if path.name == "model" else path.name
 
 
-def _load(path: str, device: str | None):
+def _load(args: argparse.Namespace):
     from lmforge import load
 
-    model, tokenizer = load(path, device=device)
+    apply_threads(args)
+    path = args.model
+    model, tokenizer = load(path, device=args.device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {path} has no tokenizer file (tokenizer.json or vocab.txt)")
     return model, tokenizer
@@ -56,9 +48,9 @@ def _load(path: str, device: str | None):
 
 # -- lmforge attention ------------------------------------------------------------------------------------
 def run_attention(args: argparse.Namespace) -> int:
-    from lmforge.inspect import attention_maps, attention_rollout
     from lmforge.viz.attention import plot_attention, plot_rollout
     from lmforge.viz.explorer import write_attention_page
+    from lmforge.workflows.inspect import attention_maps, attention_rollout
 
     out = Path(args.out)
     kind = out.suffix.lower()
@@ -66,10 +58,10 @@ def run_attention(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--out: {out} must end in .png or .html")
     if args.rollout and kind != ".png":
         raise LmforgeError("--rollout draws a PNG: give --out FILE.png")
-    texts = list(read_texts(args.text))
+    texts = list(input_lines(args.text, skip_blank=True))
     if not texts:
         raise LmforgeError("--text: no text given (argument or standard input)")
-    model, tokenizer = _load(args.model, args.device)
+    model, tokenizer = _load(args)
     name = args.name or display_name(args.model)
     for n, text in enumerate(texts, 1):
         maps = attention_maps(model, tokenizer, text, target=args.target)
@@ -107,11 +99,11 @@ def _mix_weights(text: str | None) -> list[float] | None:
 def run_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from lmforge.embed import analogy, embed, most_similar, rank_texts, text_analogy
+    from lmforge.workflows.embed import analogy, embed, most_similar, rank_texts, text_analogy
 
     if args.mix_weights is not None and not args.mix:
         raise LmforgeError("--mix-weights needs --mix")
-    model, tokenizer = _load(args.model, args.device)
+    model, tokenizer = _load(args)
     if args.similar is not None:
         for token, cos in most_similar(model, tokenizer, args.similar, args.k, subwords=args.subwords):
             print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
@@ -129,7 +121,7 @@ def run_embed(args: argparse.Namespace) -> int:
         for token, cos in analogy(model, tokenizer, a, b, c, args.k, subwords=args.subwords):
             print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
         return 0
-    texts = list(read_texts(args.text))
+    texts = list(input_lines(args.text, skip_blank=True))
     if not texts:
         raise LmforgeError("TEXT: no text given (arguments or standard input)")
     options = dict(layer=args.layer, mix=args.mix, mix_weights=_mix_weights(args.mix_weights), gamma=args.gamma,
@@ -175,7 +167,7 @@ def add_commands(sub) -> None:
                    help="encoder-decoder: the decoder's text (default: the model's own greedy output)")
     p.add_argument("--rollout", action="store_true", help="PNG of the attention rollout across layers")
     p.add_argument("--name", metavar="NAME", help="model name shown in titles (default: the directory's name)")
-    p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+    add_common(p, device="cpu")
     p.set_defaults(handler=run_attention)
 
     p = sub.add_parser("embed", help="sentence embeddings (.npy / JSON lines); similar words and analogies",
@@ -199,6 +191,6 @@ def add_commands(sub) -> None:
                    "over their sentence embeddings")
     p.add_argument("-k", type=int, default=10, help="how many neighbours or texts to list (default 10)")
     p.add_argument("--subwords", action="store_true", help="also return ## continuation pieces as neighbours")
-    p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+    add_common(p, device="cpu")
     p.add_argument("text", nargs="*", metavar="TEXT")
     p.set_defaults(handler=run_embed)

@@ -10,10 +10,11 @@ import json
 import sys
 import time
 
-from lmforge.data.corpus import prepare_corpus
+from lmforge.cli.common import add_common
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    from lmforge.data.corpus import prepare_corpus
     from lmforge.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -44,4 +45,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--errors", choices=["strict", "replace"], default="strict",
                    help="invalid UTF-8: stop with the file and byte offset, or replace the bad bytes")
+    add_common(p)
     p.set_defaults(handler=run_prepare)

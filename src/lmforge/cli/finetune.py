@@ -1,4 +1,4 @@
-"""``lmforge finetune``, ``lmforge evaluate`` and ``lmforge predict``: thin wrappers over ``lmforge.finetune``.
+"""``lmforge finetune``, ``lmforge evaluate`` and ``lmforge predict``: over ``lmforge.workflows.finetune``.
 
     lmforge finetune --model DIR --task seq-cls --train train.csv --eval dev.csv --strategy lora --out runs/cls
     lmforge evaluate --model runs/cls --data test.csv                 # metrics as one JSON object
@@ -11,10 +11,12 @@ import json
 import sys
 from pathlib import Path
 
+from lmforge.cli.common import add_common, apply_threads, input_lines
+
 
 def run_finetune(args) -> int:
-    from lmforge.finetune import FinetuneArgs, finetune
-    from lmforge.metrics import format_report
+    from lmforge.train.scores import format_report
+    from lmforge.workflows.finetune import FinetuneArgs, finetune
 
     fields = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__ and v is not None}
     fields["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
@@ -32,8 +34,8 @@ def run_finetune(args) -> int:
 
 def run_evaluate(args) -> int:
     from lmforge.data.tasks import read_task
-    from lmforge.finetune import evaluate_model, load_finetuned
-    from lmforge.metrics import format_report
+    from lmforge.train.scores import format_report
+    from lmforge.workflows.finetune import evaluate_model, load_finetuned
 
     model, tok, info = load_finetuned(args.model, args.device)
     examples = read_task(info["task"], args.data)
@@ -46,15 +48,13 @@ def run_evaluate(args) -> int:
 
 
 def run_predict(args) -> int:
-    from lmforge.finetune import load_finetuned, predict_lines
+    from lmforge.workflows.finetune import load_finetuned, predict_lines
 
+    apply_threads(args)
     model, tok, info = load_finetuned(args.model, args.device)
-    if args.text:
-        lines = list(args.text)
-    else:
-        if sys.stdin.isatty():
-            print("lmforge predict: reading lines from standard input (Ctrl-D ends)", file=sys.stderr)
-        lines = sys.stdin.read().splitlines()
+    if not args.text and sys.stdin.isatty():
+        print("lmforge predict: reading lines from standard input (Ctrl-D ends)", file=sys.stderr)
+    lines = list(input_lines(args.text))
     chunk = 256  # stream results for long inputs
     for start in range(0, len(lines), chunk):
         for result in predict_lines(model, tok, info, lines[start: start + chunk]):
@@ -63,17 +63,19 @@ def run_predict(args) -> int:
 
 
 def add_commands(sub) -> None:
-    from lmforge.finetune import STRATEGIES
-
     p = sub.add_parser("finetune", help="fine-tune an encoder on a labeled task (full | frozen | lora | adapter)",
                        description="Fine-tune an lmforge or Hugging Face BERT directory. Prints one JSON summary; "
-                                   "writes the model, finetune.json and confusion.png into --out.")
-    p.add_argument("--model", required=True, help="starting model directory (lmforge encoder or biLM, or HF BERT)")
-    p.add_argument("--task", required=True, choices=["seq-cls", "token-cls"])
-    p.add_argument("--train", required=True, help="CSV / TSV / JSONL (seq-cls) or word/TAG / CoNLL (token-cls)")
+                                   "writes the model, finetune.json and confusion.png into --out. Settings come "
+                                   "from --config RECIPE.yaml (its finetune: section holds any field of "
+                                   "FinetuneArgs), then KEY=VALUE overrides (finetune.lr=3e-4), then the flags.")
+    p.add_argument("--config", metavar="YAML", help="a recipe whose finetune: section holds the settings")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. finetune.warmup=0.06")
+    p.add_argument("--model", help="starting model directory (lmforge encoder or biLM, or HF BERT)")
+    p.add_argument("--task", help="seq-cls | token-cls")
+    p.add_argument("--train", help="CSV / TSV / JSONL (seq-cls) or word/TAG / CoNLL (token-cls)")
     p.add_argument("--eval", help="evaluation file in the same format")
-    p.add_argument("--strategy", default="full", choices=STRATEGIES)
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--strategy", help="full (default) | frozen | lora | adapter")
+    p.add_argument("--out", help="output directory (default runs/finetune)")
     p.add_argument("--epochs", type=float, help="passes over the training set (default 2)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
     p.add_argument("--batch-size", type=int)
@@ -90,9 +92,14 @@ def add_commands(sub) -> None:
     p.add_argument("--label-all", action="store_true", help="token-cls: label every sub-token, not just the first")
     p.add_argument("--limit", type=int, help="use only the first N training examples")
     p.add_argument("--scratch", action="store_true", help="re-initialise the encoder (no pretraining; a baseline)")
-    p.add_argument("--arch", choices=["transformer", "cnn"],
-                   help="cnn: train a fresh sentence CNN (seed 001 problem 3) with --model's tokenizer (seq-cls, full)")
-    p.add_argument("--device", help="auto | cpu | cuda")
+    p.add_argument("--arch", help="transformer (default) | cnn: train a fresh sentence CNN (seed 001 problem 3) "
+                   "with --model's tokenizer (seq-cls, full)")
+    p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
+    p.add_argument("--warmup", type=float, help="share of the steps spent warming up (default 0.1)")
+    p.add_argument("--eval-batch-size", type=int, help="rows per evaluation batch (default 64)")
+    add_common(p, device="auto")
+    # None = not given: the recipe's value, else FinetuneArgs' default, applies
+    p.set_defaults(device=None, mix=None, merge=None, label_all=None, scratch=None)
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     p.add_argument("--keep-checkpoints", action="store_true", default=None)
     p.set_defaults(handler=run_finetune)
@@ -104,13 +111,13 @@ def add_commands(sub) -> None:
     e.add_argument("--data", required=True, help="labeled file in the training format")
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--png", help="also write the confusion matrix to this PNG")
-    e.add_argument("--device", default=None)
+    add_common(e, device="cpu")
     e.set_defaults(handler=run_evaluate)
 
     r = sub.add_parser("predict", help="labels for texts: one JSON object per input line",
                        description="seq-cls: each line is a text (or text<TAB>pair) -> label and probabilities. "
                                    "token-cls: each line is whitespace-separated words -> a label per word.")
     r.add_argument("--model", required=True)
-    r.add_argument("--device", default=None)
+    add_common(r, device="cpu")
     r.add_argument("text", nargs="*", metavar="TEXT", help="texts (default: lines of standard input)")
     r.set_defaults(handler=run_predict)

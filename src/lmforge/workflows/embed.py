@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.inspect import backbone, device_of
 from lmforge.nn.pooling import mean_pool
+from lmforge.workflows.inspect import backbone, device_of
 
 POOLINGS = ("mean", "cls", "last")
 

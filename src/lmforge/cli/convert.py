@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from lmforge.cli.common import add_common
+
 
 def run_convert(args: argparse.Namespace) -> int:
     from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, load_hf
@@ -34,4 +36,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--from-hf", metavar="DIR", help="a Hugging Face BERT or GPT-2 directory")
     src.add_argument("--to-hf", metavar="DIR", help="an lmforge Encoder or Decoder model directory")
     p.add_argument("--out", metavar="DIR", required=True, help="output directory")
+    add_common(p)
     p.set_defaults(handler=run_convert)

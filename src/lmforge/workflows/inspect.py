@@ -28,7 +28,6 @@ Row i of R says how much of token i's top-layer representation comes from each i
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,45 +35,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-
-VIEW_LABELS = {
-    "encoder": "encoder self-attention",
-    "decoder": "decoder self-attention (causal)",
-    "cross": "cross-attention (decoder queries, encoder keys)",
-}
-
-
-@dataclass
-class AttentionView:
-    """One kind of attention of one text: ``weights[l, h, i, j]`` = how much query i reads key j."""
-
-    name: str  # "encoder" | "decoder" | "cross"
-    queries: list[str]  # tokens along the rows, Tq of them
-    keys: list[str]  # tokens along the columns, Tk of them
-    weights: np.ndarray  # (L, H, Tq, Tk) float32, rows sum to 1 (0 where masked)
-    causal: bool = False
-
-    @property
-    def label(self) -> str:
-        return VIEW_LABELS.get(self.name, self.name)
-
-
-@dataclass
-class AttentionMaps:
-    """All attention of a model on a text, by view (encoder, decoder, cross), in that order."""
-
-    architecture: str  # "Encoder" | "Decoder" | "Seq2Seq"
-    text: str
-    views: dict[str, AttentionView] = field(default_factory=dict)
-    target: str | None = None  # the decoder's text, for an encoder-decoder
-
-    def view(self, name: str | None = None) -> AttentionView:
-        """The view called ``name`` (default: the first); an unknown name is a one-line error."""
-        if name is None:
-            return next(iter(self.views.values()))
-        if name not in self.views:
-            raise LmforgeError(f"--view: {name!r} is not a view of this model; choose one of {', '.join(self.views)}")
-        return self.views[name]
+from lmforge.viz.views import AttentionMaps, AttentionView
 
 
 def backbone(model: nn.Module) -> nn.Module:
@@ -148,7 +109,7 @@ def attention_maps(model: nn.Module, tokenizer: Any, text: str, target: str | No
         if start is None:
             raise LmforgeError("--model: the encoder-decoder's config has no bos_id to start the decoder")
         if target is None:
-            from lmforge.generate import generate
+            from lmforge.generation import generate
 
             new = generate(core, x, max_new_tokens=max_new_tokens).to_lists()[0]
             tgt = [start, *new]

@@ -12,19 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from collections.abc import Iterator
 
+from lmforge.cli.common import add_common, input_lines
 from lmforge.errors import LmforgeError
-
-
-def _lines(text: str | None) -> Iterator[str]:
-    """The TEXT argument, or standard input one line at a time (without its newline)."""
-    if text is not None:
-        yield text
-        return
-    for line in sys.stdin:
-        yield line.rstrip("\n")
 
 
 def train(args: argparse.Namespace) -> int:
@@ -47,7 +37,7 @@ def encode(args: argparse.Namespace) -> int:
 
     tok = load_tokenizer(args.tokenizer)
     allowed = "all" if args.allow_special else "none"
-    for line in _lines(args.text):
+    for line in input_lines(args.text):
         enc = tok.encode(line, add_special_tokens=not args.no_special, allowed_special=allowed)
         record = {"ids": enc.ids, "tokens": enc.tokens}
         if args.offsets:
@@ -74,7 +64,7 @@ def decode(args: argparse.Namespace) -> int:
     from lmforge.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    for n, line in enumerate(_lines(args.ids), start=1):
+    for n, line in enumerate(input_lines(args.ids), start=1):
         if not line.strip():
             continue
         where = "IDS" if args.ids is not None else f"<stdin> line {n}"
@@ -103,7 +93,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="invalid UTF-8: stop with an error (default) or replace by U+FFFD")
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                    help="processes counting words (default: up to 4)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_common(p)
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(handler=train)
 
@@ -115,6 +105,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="recognise special tokens written in the text (off: they are plain text)")
     p.add_argument("--offsets", action="store_true", help="also print character offsets")
     p.add_argument("text", nargs="?", metavar="TEXT")
+    add_common(p)
     p.set_defaults(handler=encode)
 
     p = commands.add_parser("decode", help="ids -> one JSON object (text) per input line",
@@ -122,4 +113,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="directory or tokenizer.json / vocab.txt")
     p.add_argument("--skip-special", action="store_true", help="leave out special tokens")
     p.add_argument("ids", nargs="?", metavar="IDS")
+    add_common(p)
     p.set_defaults(handler=decode)

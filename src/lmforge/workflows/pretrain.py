@@ -226,26 +226,3 @@ def pretrain(recipe: dict[str, Any], out: str | Path):
     if detect().is_main:  # under torchrun only rank 0 writes
         save_pretrained(model, model_dir, tokenizer)
     return result, model_dir
-
-
-# -- command line -------------------------------------------------------------------------------------------
-def run_pretrain(args) -> int:
-    import json
-
-    from lmforge.train.config import load_recipe
-
-    recipe = load_recipe(args.config, args.overrides)
-    out = Path(args.out or recipe.get("out") or Path("runs") / Path(args.config).stem)
-    result, model_dir = pretrain(recipe, out)
-    print(json.dumps({"out": str(out), "model": str(model_dir), "step": result.step, "loss": result.loss,
-                      "eval": result.eval, "resumed_from": result.resumed_from}))
-    return 0
-
-
-def add_commands(sub) -> None:
-    p = sub.add_parser("pretrain", help="pretrain a model from a YAML recipe (clm | mlm | mlm+nsp | seq2seq | bilm)",
-                       description="Pretrain from a recipe. Pointing --out at an existing run resumes it.")
-    p.add_argument("--config", required=True, help="recipe YAML (see configs/)")
-    p.add_argument("--out", help="run directory (default: runs/<recipe name>)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. train.max_steps=100")
-    p.set_defaults(handler=run_pretrain)

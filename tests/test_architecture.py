@@ -1,0 +1,185 @@
+"""The house rules (docs/architecture.md), checked on the source: where code lives and who may import whom.
+
+Every import counts, also those inside functions (they hide edges from a reader, not from Python).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "lmforge"
+ENGINE = ("reference", "tokenizers", "nn", "models", "data", "train", "generation", "interop", "viz")
+BASE = ("errors", "files")  # small modules every package may use
+ROOT_FILES = {"__init__.py", "errors.py", "files.py", "py.typed"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The lmforge modules a file imports anywhere in it (top level, functions, TYPE_CHECKING blocks)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            # `from lmforge.x import y` imports the module lmforge.x.y when there is one, else names from lmforge.x
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:  # `import lmforge.x.y` names a module; keep the longest known
+                name = name.rpartition(".")[0]
+            if name.startswith("lmforge") and name != here:
+                found.add(name)
+    return found
+
+
+GRAPH = {name: imported_modules(path) for name, path in MODULES.items()}
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "root"
+
+
+def test_the_package_root_holds_only_the_facade_and_the_base_modules():
+    loose = sorted(p.name for p in PACKAGE.iterdir() if p.is_file() and p.name not in ROOT_FILES)
+    assert loose == [], f"files at the package root: {loose} (engine package, workflows/ or cli/)"
+    packages = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert packages == sorted([*ENGINE, "workflows", "cli"])
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or through others (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if layer(m) in ENGINE + BASE))
+def test_the_engine_never_imports_workflows_or_the_cli(module):
+    bad = sorted(m for m in GRAPH[module] if layer(m) in ("workflows", "cli", "root"))
+    assert bad == [], f"{module} imports {bad}: the engine must not depend on workflows, the CLI or the facade"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if layer(m) == "workflows"))
+def test_workflows_never_import_the_cli_or_the_facade(module):
+    bad = sorted(m for m in GRAPH[module] if layer(m) in ("cli", "root"))
+    assert bad == [], f"{module} imports {bad}"
+
+
+def test_only_the_cli_imports_the_cli():
+    users = sorted(m for m, deps in GRAPH.items() if layer(m) != "cli" and any(layer(d) == "cli" for d in deps))
+    assert users == []
+
+
+def test_the_cli_modules_import_nothing_heavy_at_module_level():
+    """A command module's top level may import only the standard library and lmforge.cli / errors."""
+    for name, path in MODULES.items():
+        if layer(name) != "cli":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                allowed = mod is None or mod == "__future__" or mod.split(".")[0] in sys.stdlib_module_names \
+                    or mod in ("lmforge", "lmforge.errors") or mod.startswith("lmforge.cli")
+                assert allowed, f"{name} imports {mod} at module level: import it inside the handler"
+
+
+HEAVY = ("torch", "numpy", "matplotlib")
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=SRC.parent)
+
+
+def test_version_and_every_help_import_no_torch_numpy_or_matplotlib():
+    code = f"""
+import contextlib, io, sys
+from lmforge.cli import build_parser, main
+from lmforge.cli.main import COMMAND_GROUPS
+commands = [["--version"], ["--help"], *[[c, "--help"] for c in ("demo", "tokenizer", "data", "pretrain", "convert",
+            "generate", "translate", "finetune", "evaluate", "predict", "attention", "embed")],
+            ["tokenizer", "train", "--help"], ["tokenizer", "encode", "--help"], ["data", "prepare", "--help"]]
+for argv in commands:
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(argv)
+        except SystemExit as e:
+            assert e.code == 0, (argv, e.code)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
+print(len(commands), heavy)
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split(" ", 1)[1].strip() == "[]", result.stdout
+
+
+def test_tokenizer_commands_never_import_torch(tmp_path):
+    """train, encode and decode run with torch made unimportable."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\nthe dog sat on the log\n" * 20, encoding="utf-8")
+    code = f"""
+import sys
+sys.modules["torch"] = None  # any `import torch` now raises ImportError
+from lmforge.cli import main
+assert main(["tokenizer", "train", "--kind", "wordpiece", "--vocab-size", "60", "--min-frequency", "1",
+             "--out", {str(tmp_path / "tok")!r}, {str(corpus)!r}, "--quiet", "--workers", "1"]) == 0
+assert main(["tokenizer", "encode", "--tokenizer", {str(tmp_path / "tok")!r}, "the cat"]) == 0
+assert main(["tokenizer", "decode", "--tokenizer", {str(tmp_path / "tok")!r}, "[5, 6]"]) == 0
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3 and '"ids"' in lines[1] and '"text"' in lines[2]
