@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from lmforge.cli import main
 from lmforge.errors import LmforgeError
@@ -152,3 +153,28 @@ def test_bad_input_gives_one_line_errors(base, tmp_path, capsys):
         build_task_model(base / "base", "seq-cls", 2, tmp_path / "tok")
     code, _, err = cli(capsys, "predict", "--model", str(base / "base"), "hello")
     assert code == 2 and "has no classification head" in err
+
+
+def test_recipe_overrides_and_flags_reach_every_field(base, tmp_path, capsys):
+    """`--config` + KEY=VALUE + flags: the flags win, overrides beat the recipe, and fields no flag had
+    before (weight_decay, warmup, eval_batch_size) are reachable; the run's config.yaml records them."""
+    recipe = tmp_path / "ft.yaml"
+    recipe.write_text(yaml.safe_dump({"finetune": {"task": "seq-cls", "strategy": "frozen", "max_steps": 4,
+                                                    "batch_size": 8, "weight_decay": 0.3, "warmup": 0.5,
+                                                    "eval_batch_size": 3, "lr": 1e-3}}))
+    out = tmp_path / "o"
+    code, stdout, err = cli(capsys, "finetune", "--config", str(recipe), "--model", str(base / "base"),
+                            "--train", str(base / "train.csv"), "--eval", str(base / "dev.csv"), "--out", str(out),
+                            "--no-progress", "finetune.lr=2e-3", "--strategy", "lora")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["strategy"] == "lora" and summary["steps"] == 4 and summary["lr"] == 2e-3
+    saved = yaml.safe_load((out / "run" / "config.yaml").read_text())
+    assert saved["finetune"]["weight_decay"] == 0.3 and saved["finetune"]["eval_batch_size"] == 3
+    assert saved["train"]["warmup_steps"] == 2 and saved["train"]["weight_decay"] == 0.3
+    code, _, err = cli(capsys, "finetune", "--config", str(recipe), "finetune.warmup=lots")
+    assert code == 2 and err.strip() == "lmforge: error: finetune.warmup: expected a number, got 'lots'"
+    code, _, err = cli(capsys, "finetune", "--config", str(recipe), "finetune.lr_decay=1")
+    assert code == 2 and "finetune.lr_decay: unknown key" in err
+    code, _, err = cli(capsys, "finetune", "--config", str(recipe))
+    assert code == 2 and err.strip() == "lmforge: error: --model: required (as a flag or as finetune.model in the recipe)"

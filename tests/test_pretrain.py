@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import torch
 import yaml
 
 import lmforge

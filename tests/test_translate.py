@@ -35,8 +35,9 @@ def test_corpus_scores_are_sacrebleus():
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 2+2-layer Seq2Seq trained for 300 steps (about 10 s) on 3,000 synthetic pairs."""
+def trained(tmp_path_factory, single_thread):
+    """A 2+2-layer Seq2Seq trained for 300 steps on 3,000 synthetic pairs: about 10 s on one thread (a model
+    this small loses to thread synchronisation on two cores: 60 s with two threads on a busy machine)."""
     root = tmp_path_factory.mktemp("translate")
     rng = random.Random(0)
     train = root / "train.tsv"

@@ -1,28 +1,54 @@
 """Files that are never half-written: what every package that saves something uses.
 
 A reader (a resumed run, ``lmforge.load``, another process) sees the old file or the new one, never a
-partial one: the text goes to a temporary file in the same directory, is flushed to disk, then renamed
-over the target (``os.replace`` is atomic within one file system).
+partial one: the content goes to a temporary file in the same directory, is flushed to disk, then renamed
+over the target (``os.replace`` is atomic within one file system). A failure removes the temporary file.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> write_text_atomic(d / "a.txt", "hello"); (d / "a.txt").read_text()
+    'hello'
+    >>> with atomic_path(d / "b.bin") as tmp:       # any writer: np.save, save_file, fig.savefig ...
+    ...     _ = tmp.write_bytes(b"xyz")
+    >>> (d / "b.bin").read_bytes(), sorted(p.name for p in d.iterdir())
+    (b'xyz', ['a.txt', 'b.bin'])
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; on success it is fsynced and renamed over ``path``.
+
+    The temporary name keeps ``path``'s suffix, so writers that choose a format by suffix still do.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a crash leaves the previous content intact."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically: a crash leaves the previous content intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(path, text.encode("utf-8"))

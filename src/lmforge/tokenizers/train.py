@@ -148,6 +148,63 @@ def merge_word(word: list[int], a: int, b: int, new: int, f: int, delta: dict[tu
     return k
 
 
+class PairCounts:
+    """The pair statistics of a unique-word table, kept up to date as merges are applied.
+
+    ``counts[(a, b)]``: how often symbol a is followed by b, weighted by word frequency; ``where``: the
+    words holding each pair. For WordPiece also ``symbols[s]`` (how often s occurs) and ``with_symbol[s]``
+    (the pairs s is part of), since its score count(ab) / (count(a)·count(b)) moves when a or b does.
+    """
+
+    def __init__(self, words: list[list[int]], freqs: list[int], wordpiece: bool = False) -> None:
+        self.words, self.freqs, self.wordpiece = words, freqs, wordpiece
+        self.counts: dict[tuple[int, int], int] = defaultdict(int)
+        self.where: dict[tuple[int, int], set[int]] = defaultdict(set)
+        self.symbols: dict[int, int] = defaultdict(int)
+        self.with_symbol: dict[int, set[tuple[int, int]]] = defaultdict(set)
+        for i, (word, f) in enumerate(zip(words, freqs, strict=True)):
+            for pair in pairwise(word):
+                self.counts[pair] += f
+                self.where[pair].add(i)
+        if wordpiece:
+            for word, f in zip(words, freqs, strict=True):
+                for s in word:
+                    self.symbols[s] += f
+            for pair in self.counts:
+                self.with_symbol[pair[0]].add(pair)
+                self.with_symbol[pair[1]].add(pair)
+
+    def score(self, pair: tuple[int, int], c: int) -> float:
+        """BPE: the count; WordPiece: count(ab) / (count(a)·count(b))."""
+        return c / (self.symbols[pair[0]] * self.symbols[pair[1]]) if self.wordpiece else c
+
+    def merge(self, a: int, b: int, new: int) -> set[tuple[int, int]]:
+        """Replace every (a, b) by ``new`` in the words; returns the pairs whose score may have changed."""
+        delta: dict[tuple[int, int], int] = {}
+        for i in self.where.pop((a, b)):
+            word, f = self.words[i], self.freqs[i]
+            k = merge_word(word, a, b, new, f, delta)
+            if not k:
+                continue
+            for q in pairwise(word):
+                if new in q:
+                    self.where[q].add(i)
+            if self.wordpiece:
+                self.symbols[a] -= f * k
+                self.symbols[b] -= f * k
+                self.symbols[new] += f * k
+        for q, d in delta.items():
+            if d:
+                self.counts[q] += d
+        if not self.wordpiece:
+            return {q for q, d in delta.items() if d > 0}
+        for q in delta:
+            if new in q:
+                self.with_symbol[q[0]].add(q)
+                self.with_symbol[q[1]].add(q)
+        return self.with_symbol[a] | self.with_symbol[b] | {q for q in delta if new in q}
+
+
 def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], vocab_size: int,
                  min_frequency: int = 2, join: Callable[[str, str], str] = str.__add__,
                  wordpiece: bool = False, on_merge: Callable[[], None] | None = None) -> list[tuple[int, int, int]]:
@@ -158,41 +215,23 @@ def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], vo
     ``words`` (symbol ids) are merged in place and ``tokens`` (symbol strings, by id) grows with the
     new symbols; a merge whose string already exists reuses its id. Stops when no pair occurs at
     least ``min_frequency`` times. ``wordpiece=True`` scores pairs by count(ab) / (count(a)·count(b)).
+    The best pair comes from a heap of (-score, a, b) whose stale entries are re-queued when popped.
 
     >>> words, tokens = [[0, 1, 1, 2], [0, 1, 1], [0, 1, 2]], ["a", "b", "c"]
     >>> learn_merges(words, [1, 2, 1], tokens, 10), tokens[3:]
     ([(0, 1, 3), (3, 1, 4)], ['ab', 'abb'])
     """
     vocab = {t: i for i, t in enumerate(tokens)}
-    counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for i, (word, f) in enumerate(zip(words, freqs, strict=True)):
-        for pair in pairwise(word):
-            counts[pair] += f
-            where[pair].add(i)
-    symbols: dict[int, int] = defaultdict(int)
-    with_symbol: dict[int, set[tuple[int, int]]] = defaultdict(set)
-    if wordpiece:
-        for word, f in zip(words, freqs, strict=True):
-            for s in word:
-                symbols[s] += f
-        for pair in counts:
-            with_symbol[pair[0]].add(pair)
-            with_symbol[pair[1]].add(pair)
-
-    def score(pair: tuple[int, int], c: int) -> float:
-        return c / (symbols[pair[0]] * symbols[pair[1]]) if wordpiece else c
-
-    heap = [(-score(p, c), p[0], p[1]) for p, c in counts.items() if c >= min_frequency]
+    pairs = PairCounts(words, freqs, wordpiece)
+    heap = [(-pairs.score(p, c), p[0], p[1]) for p, c in pairs.counts.items() if c >= min_frequency]
     heapq.heapify(heap)
     merges: list[tuple[int, int, int]] = []
     while heap and len(tokens) < vocab_size:
         neg, a, b = heapq.heappop(heap)
-        pair = (a, b)
-        c = counts.get(pair, 0)
+        c = pairs.counts.get((a, b), 0)
         if c < min_frequency:
             continue  # counts of existing pairs only fall: this one is finished
-        s = score(pair, c)
+        s = pairs.score((a, b), c)
         if s != -neg:
             heapq.heappush(heap, (-s, a, b))  # stale entry: re-queue at its current score
             continue
@@ -202,33 +241,10 @@ def learn_merges(words: list[list[int]], freqs: list[int], tokens: list[str], vo
             new = vocab[text] = len(tokens)
             tokens.append(text)
         merges.append((a, b, new))
-        delta: dict[tuple[int, int], int] = {}
-        for i in where.pop(pair):
-            word = words[i]
-            k = merge_word(word, a, b, new, freqs[i], delta)
-            if k:
-                for q in pairwise(word):
-                    if new in q:
-                        where[q].add(i)
-            if wordpiece and k:
-                symbols[a] -= freqs[i] * k
-                symbols[b] -= freqs[i] * k
-                symbols[new] += freqs[i] * k
-        for q, d in delta.items():
-            if d:
-                counts[q] += d
-        if wordpiece:
-            for q in delta:
-                if new in q:
-                    with_symbol[q[0]].add(q)
-                    with_symbol[q[1]].add(q)
-            fresh = with_symbol[a] | with_symbol[b] | {q for q in delta if new in q}
-        else:
-            fresh = {q for q, d in delta.items() if d > 0}
-        for q in fresh:
-            c = counts.get(q, 0)
+        for q in pairs.merge(a, b, new):
+            c = pairs.counts.get(q, 0)
             if c >= min_frequency:
-                heapq.heappush(heap, (-score(q, c), q[0], q[1]))
+                heapq.heappush(heap, (-pairs.score(q, c), q[0], q[1]))
         if on_merge is not None:
             on_merge()
     return merges

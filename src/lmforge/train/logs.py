@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmforge.files import write_text_atomic
+from lmforge.files import atomic_path, write_text_atomic
 
 
 def info(message: str) -> None:
@@ -115,11 +115,9 @@ def plot_loss(events: list[dict[str, Any]], path: Path) -> None:
     if train or evals:
         ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def _finite(v: Any) -> bool:

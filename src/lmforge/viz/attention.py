@@ -6,9 +6,9 @@ key j in query i's row, so every row sums to 1. The colour scale is a square roo
 triangle of a causal decoder) are grey.
 
     >>> maps = attention_maps(model, tokenizer, "Juventus lost from Ajax")      # doctest: +SKIP
-    >>> plot_attention(maps.view(), "layer2.png", layer=2)      # 12 heads of layer 2, token labels
-    >>> plot_attention(maps.view(), "all.png")                  # 6 x 12 thumbnails
-    >>> plot_attention(maps.view(), "l2h3.png", layer=2, head=3)   # one head, weights printed
+    >>> plot_attention(maps.view(), "layer2.png", layer=2)      # 12 heads of layer 2, token labels  # doctest: +SKIP
+    >>> plot_attention(maps.view(), "all.png")                  # 6 x 12 thumbnails  # doctest: +SKIP
+    >>> plot_attention(maps.view(), "l2h3.png", layer=2, head=3)   # one head, weights printed  # doctest: +SKIP
 
 ``figure_size`` says how large the figure will be (inches, at ``DPI``), so the PNG is
 ``round(w * DPI) x round(h * DPI)`` pixels.

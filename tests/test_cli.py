@@ -1,0 +1,66 @@
+"""The command line's one style: every command has --quiet, every command that runs a model spells --device
+and --threads the same, results go to standard output and progress to standard error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from lmforge.cli import build_parser, main
+
+MODEL_COMMANDS = {"pretrain", "finetune", "evaluate", "predict", "generate", "translate", "attention", "embed"}
+
+
+def leaf_parsers() -> dict[str, argparse.ArgumentParser]:
+    """'tokenizer train' -> its parser, for every command that runs something."""
+    out = {}
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            out[prefix.strip()] = parser
+        for action in subs:
+            for name, child in action.choices.items():
+                walk(child, f"{prefix} {name}")
+
+    walk(build_parser(), "")
+    return out
+
+
+LEAVES = leaf_parsers()
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings}
+
+
+def test_every_command_group_is_reached():
+    assert {name.split()[0] for name in LEAVES} == {"demo", "tokenizer", "data", "pretrain", "convert", "generate",
+                                                     "translate", "finetune", "evaluate", "predict", "attention",
+                                                     "embed"}
+
+
+@pytest.mark.parametrize("name", sorted(LEAVES))
+def test_the_same_options_everywhere(name):
+    have = options(LEAVES[name])
+    assert "--quiet" in have
+    if name in MODEL_COMMANDS:
+        assert {"--device", "--threads"} <= have, f"{name} lacks --device/--threads"
+        device = next(a for a in LEAVES[name]._actions if "--device" in a.option_strings)
+        assert device.metavar == "DEV"
+
+
+def test_quiet_keeps_results_and_drops_progress(tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\n" * 30, encoding="utf-8")
+    argv = ["tokenizer", "train", "--kind", "bpe", "--vocab-size", "40", "--min-frequency", "1", "--workers", "1"]
+    assert main([*argv, "--out", str(tmp_path / "a"), str(corpus)]) == 0
+    loud = capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "b"), str(corpus), "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert loud.err and quiet.err == ""
+    assert json.loads(quiet.out) == {**json.loads(loud.out), "path": str(tmp_path / "b" / "tokenizer.json")}
+    assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "nowhere"), "x", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("lmforge: error: ")  # errors still reach standard error
