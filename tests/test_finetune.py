@@ -177,4 +177,5 @@ def test_recipe_overrides_and_flags_reach_every_field(base, tmp_path, capsys):
     code, _, err = cli(capsys, "finetune", "--config", str(recipe), "finetune.lr_decay=1")
     assert code == 2 and "finetune.lr_decay: unknown key" in err
     code, _, err = cli(capsys, "finetune", "--config", str(recipe))
-    assert code == 2 and err.strip() == "lmforge: error: --model: required (as a flag or as finetune.model in the recipe)"
+    assert code == 2
+    assert err.strip() == "lmforge: error: --model: required (as a flag or as finetune.model in the recipe)"
