@@ -58,9 +58,34 @@ def test_json_lines_from_stdin(model_dir, capsys, monkeypatch) -> None:
 
 def test_bad_option_is_one_line_error(model_dir, capsys) -> None:
     folder, _, _ = model_dir
-    assert main(["generate", "--model", str(folder), "--prompt", "x", "--top-p", "2", "--temperature", "1"]) == 2
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--model", str(folder), "--prompt", "x", "--top-p", "2", "--temperature", "1"])
     err = capsys.readouterr().err
-    assert err.startswith("lmforge: error:") and "top_p" in err and len(err.strip().splitlines()) == 1
+    assert stop.value.code == 2
+    assert err.startswith("lmforge: error:") and "--top-p" in err and len(err.strip().splitlines()) == 1
+
+
+def test_top_k_alone_samples_and_a_long_prompt_keeps_its_last_window(model_dir, capsys) -> None:
+    folder, _, _ = model_dir
+    base = ["generate", "--model", str(folder), "--json", "--prompt", "to be or not", "--max-new-tokens", "8"]
+    assert main([*base, "--top-k", "5", "--seed", "1"]) == 0
+    sampled = json.loads(capsys.readouterr().out)["ids"]
+    assert main(base) == 0
+    greedy = json.loads(capsys.readouterr().out)["ids"]
+    assert sampled != greedy  # --top-k implies sampling (temperature 1) unless a temperature is given
+    assert main([*base, "--top-k", "5", "--temperature", "0"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["ids"] == greedy and "--top-k / --top-p have no effect" in out.err
+    from lmforge import load
+
+    model, tok = load(folder)
+    long = " ".join(["to be or not"] * 40)
+    n = len(tok.encode(long, add_special_tokens=False).ids)
+    assert n + 8 > model.config.max_positions
+    assert main(["generate", "--model", str(folder), "--json", "--prompt", long, "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["new_tokens"] == 8
+    assert f"kept its last {model.config.max_positions - 8}" in out.err
 
 
 def test_text_stream_holds_back_split_characters() -> None:

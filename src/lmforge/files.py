@@ -1,4 +1,4 @@
-"""Files that are never half-written: what every package that saves something uses.
+"""Files never half-written, and text files read with one rule: what every package that saves or reads uses.
 
 A reader (a resumed run, ``lmforge.load``, another process) sees the old file or the new one, never a
 partial one: the content goes to a temporary file in the same directory, is flushed to disk, then renamed
@@ -20,6 +20,8 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from lmforge.errors import LmforgeError
 
 
 @contextlib.contextmanager
@@ -52,3 +54,23 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically: a crash leaves the previous content intact."""
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def read_text_utf8(path: str | os.PathLike, what: str = "file") -> str:
+    """The text of a UTF-8 file (a BOM dropped). A missing file, a directory or invalid UTF-8 is one
+    LmforgeError naming the file, and for bad bytes the line and byte offset (binary files fail here too)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise LmforgeError(f"{path}: is a directory, not a {what}") from None
+    except FileNotFoundError:
+        raise LmforgeError(f"{path}: no such {what}") from None
+    except OSError as err:
+        raise LmforgeError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise LmforgeError(f"{path}:{line}: invalid UTF-8 at byte offset {err.start} (a {what} must be UTF-8 "
+                           "text)") from None

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from lmforge.cli.common import add_common
+from lmforge.cli.common import add_common, fraction, positive_int
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -37,11 +37,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "save_to_disk folders")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory or tokenizer.json")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of documents held out (default 0.1)")
+    p.add_argument("--val-fraction", type=fraction, default=0.1, help="share of documents held out (default 0.1)")
     p.add_argument("--doc-separator", choices=["file", "blank-line"], default="file",
                    help="a .txt file is one document, or one per blank-line-separated block")
     p.add_argument("--field", default="text", help="JSONL field / CSV column holding the text (default: text)")
-    p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: all cores)")
+    p.add_argument("--workers", type=positive_int, default=None, help="tokenizing processes (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--errors", choices=["strict", "replace"], default="strict",
                    help="invalid UTF-8: stop with the file and byte offset, or replace the bad bytes")

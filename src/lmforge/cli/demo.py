@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lmforge.cli.common import add_common
+from lmforge.cli.common import add_common, non_negative_int, positive_int
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -21,9 +21,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "a LoRA fine-tune of the real all-MiniLM-L6-v2, end to end on a CPU in a few minutes. "
                        "Rerun with the same --out to resume.")
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo; rerun to resume)")
-    p.add_argument("--steps", type=int, default=1500, help="pretraining steps (default 1500, about 4 minutes)")
-    p.add_argument("--max-new-tokens", type=int, default=120)
-    p.add_argument("--finetune-steps", type=int, default=200, help="LoRA steps on MiniLM (default 200; 0 skips)")
+    p.add_argument("--steps", type=positive_int, default=1500, help="pretraining steps (default 1500, about 4 minutes)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=120)
+    p.add_argument("--finetune-steps", type=non_negative_int, default=200,
+                   help="LoRA steps on MiniLM (default 200; 0 skips)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-examples", action="store_true", help="go straight to the pipeline")
     add_common(p)

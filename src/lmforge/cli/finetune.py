@@ -11,7 +11,16 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import add_common, apply_threads, input_lines
+from lmforge.cli.common import (
+    add_common,
+    add_input_errors,
+    apply_threads,
+    fraction,
+    input_lines,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 from lmforge.errors import LmforgeError
 
 
@@ -60,7 +69,7 @@ def run_predict(args) -> int:
     model, tok, info = load_finetuned(args.model, args.device)
     if not args.text and sys.stdin.isatty():
         print("lmforge predict: reading lines from standard input (Ctrl-D ends)", file=sys.stderr)
-    lines = list(input_lines(args.text))
+    lines = list(input_lines(args.text, errors=args.errors))
     chunk = 256  # stream results for long inputs
     for start in range(0, len(lines), chunk):
         for result in predict_lines(model, tok, info, lines[start: start + chunk]):
@@ -82,27 +91,29 @@ def add_commands(sub) -> None:
     p.add_argument("--eval", help="evaluation file in the same format")
     p.add_argument("--strategy", help="full (default) | frozen | lora | adapter")
     p.add_argument("--out", help="output directory (default runs/finetune)")
-    p.add_argument("--epochs", type=float, help="passes over the training set (default 2)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float, help="peak learning rate (default: full 5e-5, frozen 1e-3, lora/adapter 5e-4)")
-    p.add_argument("--max-len", type=int, help="sub-word tokens per input, special tokens included (default 128)")
+    p.add_argument("--epochs", type=positive_float, help="passes over the training set (default 2)")
+    p.add_argument("--max-steps", type=positive_int, help="optimizer steps (overrides --epochs)")
+    p.add_argument("--batch-size", type=positive_int)
+    p.add_argument("--lr", type=positive_float,
+                   help="peak learning rate (default: full 5e-5, frozen 1e-3, lora/adapter 5e-4)")
+    p.add_argument("--max-len", type=positive_int,
+                   help="sub-word tokens per input, special tokens included (default 128)")
     p.add_argument("--seed", type=int)
     p.add_argument("--mix", action="store_true", help="frozen: the head reads a learned scalar mix of all layers")
-    p.add_argument("--lora-r", type=int)
-    p.add_argument("--lora-alpha", type=float)
-    p.add_argument("--lora-dropout", type=float)
+    p.add_argument("--lora-r", type=positive_int)
+    p.add_argument("--lora-alpha", type=positive_float)
+    p.add_argument("--lora-dropout", type=fraction)
     p.add_argument("--lora-targets", help="comma-separated module patterns (default '*.in_proj,*.out_proj')")
-    p.add_argument("--adapter-size", type=int, help="adapter bottleneck width (default 64)")
+    p.add_argument("--adapter-size", type=positive_int, help="adapter bottleneck width (default 64)")
     p.add_argument("--merge", action="store_true", help="lora: merge into the weights, save a full model")
     p.add_argument("--label-all", action="store_true", help="token-cls: label every sub-token, not just the first")
-    p.add_argument("--limit", type=int, help="use only the first N training examples")
+    p.add_argument("--limit", type=positive_int, help="use only the first N training examples")
     p.add_argument("--scratch", action="store_true", help="re-initialise the encoder (no pretraining; a baseline)")
     p.add_argument("--arch", help="transformer (default) | cnn: train a fresh sentence CNN (seed 001 problem 3) "
                    "with --model's tokenizer (seq-cls, full)")
-    p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
-    p.add_argument("--warmup", type=float, help="share of the steps spent warming up (default 0.1)")
-    p.add_argument("--eval-batch-size", type=int, help="rows per evaluation batch (default 64)")
+    p.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay (default 0.01)")
+    p.add_argument("--warmup", type=fraction, help="share of the steps spent warming up (default 0.1)")
+    p.add_argument("--eval-batch-size", type=positive_int, help="rows per evaluation batch (default 64)")
     add_common(p, device="auto")
     # None = not given: the recipe's value, else FinetuneArgs' default, applies
     p.set_defaults(device=None, mix=None, merge=None, label_all=None, scratch=None)
@@ -115,7 +126,7 @@ def add_commands(sub) -> None:
                                    "and BIO chunk F1 for tagging) as one JSON object.")
     e.add_argument("--model", required=True, help="a directory written by lmforge finetune (or a HF classifier)")
     e.add_argument("--data", required=True, help="labeled file in the training format")
-    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--batch-size", type=positive_int, default=64)
     e.add_argument("--png", help="also write the confusion matrix to this PNG")
     add_common(e, device="cpu")
     e.set_defaults(handler=run_evaluate)
@@ -124,6 +135,7 @@ def add_commands(sub) -> None:
                        description="seq-cls: each line is a text (or text<TAB>pair) -> label and probabilities. "
                                    "token-cls: each line is whitespace-separated words -> a label per word.")
     r.add_argument("--model", required=True)
+    add_input_errors(r)
     add_common(r, device="cpu")
     r.add_argument("text", nargs="*", metavar="TEXT", help="texts (default: lines of standard input)")
     r.set_defaults(handler=run_predict)

@@ -23,7 +23,16 @@ import json
 import sys
 import time
 
-from lmforge.cli.common import add_common, apply_threads, input_lines
+from lmforge.cli.common import (
+    add_common,
+    add_input_errors,
+    apply_threads,
+    input_lines,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    probability,
+)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -32,8 +41,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from lmforge import load
     from lmforge.errors import LmforgeError
     from lmforge.generation import generate, pad_prompts, stream
-    from lmforge.generation.text import TextStream, prompt_ids
-    from lmforge.models.interfaces import generates_text
+    from lmforge.generation.text import TextStream, fit_window, prompt_ids
+    from lmforge.models.interfaces import generates_text, is_encoder_decoder
 
     apply_threads(args)
     model, tokenizer = load(args.model, device=args.device)
@@ -43,16 +52,29 @@ def run_generate(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--model: {args.model}: a {type(model).__name__} model does not generate text "
                            "(it is neither a decoder nor an encoder-decoder)")
     config = model.config
-    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    temperature = args.temperature
+    if temperature is None:  # top-k / top-p filter a distribution to sample from: they imply sampling
+        temperature = 1.0 if (args.top_k or args.top_p) else 0.0
+    elif temperature == 0 and (args.top_k or args.top_p):
+        print("lmforge generate: --temperature 0 is greedy decoding: --top-k / --top-p have no effect",
+              file=sys.stderr)
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed)
     device = next(model.parameters()).device
     total_tokens, start = 0, time.perf_counter()
-    prompts = [args.prompt] if args.prompt is not None else input_lines(None)
+    prompts = [args.prompt] if args.prompt is not None else input_lines(None, errors=args.errors)
     if args.json:  # batches of prompts, left-padded, one JSON object per prompt
         prompts = list(prompts)
         for first in range(0, len(prompts), args.batch_size):
             chunk = prompts[first:first + args.batch_size]
-            ids, mask = pad_prompts([prompt_ids(model, tokenizer, p) for p in chunk], config.pad_id or 0, device)
+            encoded = [prompt_ids(model, tokenizer, p) for p in chunk]
+            if not is_encoder_decoder(model):  # each row's window holds its prompt + the new tokens
+                fitted = [fit_window(ids, args.max_new_tokens, config.max_positions) for ids in encoded]
+                encoded, options["max_new_tokens"] = [f[0] for f in fitted], fitted[0][1]
+                for n, (*_, note) in enumerate(fitted, first + 1):
+                    if note:
+                        print(f"lmforge generate: prompt {n}: {note}", file=sys.stderr)
+            ids, mask = pad_prompts(encoded, config.pad_id or 0, device)
             out = generate(model, ids, mask, beams=args.beams, length_penalty=args.length_penalty, **options)
             for prompt, new in zip(chunk, out.to_lists(), strict=True):
                 stopped = bool(new) and new[-1] == config.eos_id
@@ -62,7 +84,13 @@ def run_generate(args: argparse.Namespace) -> int:
                 total_tokens += len(new)
         prompts = []
     for prompt in prompts:
-        input_ids = torch.tensor([prompt_ids(model, tokenizer, prompt)], device=device)
+        ids, n_new = prompt_ids(model, tokenizer, prompt), args.max_new_tokens
+        if not is_encoder_decoder(model):  # a decoder's window holds prompt + new tokens: keep the prompt's tail
+            ids, n_new, note = fit_window(ids, n_new, config.max_positions)
+            if note:
+                print(f"lmforge generate: {note}", file=sys.stderr)
+        options["max_new_tokens"] = n_new
+        input_ids = torch.tensor([ids], device=device)
         if args.beams > 1:  # the best hypothesis is known only at the end
             out = generate(model, input_ids, beams=args.beams, length_penalty=args.length_penalty, **options)
             new = out.to_lists()[0]
@@ -85,17 +113,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="DIR", required=True, help="model directory (lmforge or Hugging Face GPT-2)")
     p.add_argument("--prompt", metavar="TEXT", help="the prompt (default: one prompt per line of standard input)")
-    p.add_argument("--max-new-tokens", type=int, default=50, metavar="N", help="most tokens to add (default 50)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 = greedy (default); > 0 samples from softmax(logits / T)")
-    p.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens only")
-    p.add_argument("--top-p", type=float, metavar="P", help="sample among the smallest set with probability >= P")
-    p.add_argument("--beams", type=int, default=1, metavar="B", help="beam search with B beams (default 1: off)")
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=50, metavar="N",
+                   help="most tokens to add (default 50)")
+    p.add_argument("--temperature", type=non_negative_float, metavar="T",
+                   help="0 = greedy; > 0 samples from softmax(logits / T) (default 0, or 1 when --top-k or "
+                   "--top-p is given)")
+    p.add_argument("--top-k", type=positive_int, metavar="K", help="sample among the K most likely tokens only")
+    p.add_argument("--top-p", type=probability, metavar="P", help="sample among the smallest set with probability >= P")
+    p.add_argument("--beams", type=positive_int, default=1, metavar="B",
+                   help="beam search with B beams (default 1: off)")
     p.add_argument("--length-penalty", type=float, default=1.0, metavar="L",
                    help="beam score = log p / length**L (default 1.0)")
     p.add_argument("--seed", type=int, metavar="S", help="random seed: the same seed gives the same sample")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of streamed text")
-    p.add_argument("--batch-size", type=int, default=8, metavar="N",
+    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
                    help="with --json: prompts generated together, left-padded (default 8)")
+    add_input_errors(p)
     add_common(p, device="cpu")
     p.set_defaults(handler=run_generate)

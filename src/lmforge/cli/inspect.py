@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import add_common, apply_threads, input_lines
+from lmforge.cli.common import add_common, add_input_errors, apply_threads, input_lines, non_negative_int, positive_int
 from lmforge.errors import LmforgeError
 
 
@@ -58,7 +58,7 @@ def run_attention(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--out: {out} must end in .png or .html")
     if args.rollout and kind != ".png":
         raise LmforgeError("--rollout draws a PNG: give --out FILE.png")
-    texts = list(input_lines(args.text, skip_blank=True))
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
     if not texts:
         raise LmforgeError("--text: no text given (argument or standard input)")
     model, tokenizer = _load(args)
@@ -121,7 +121,7 @@ def run_embed(args: argparse.Namespace) -> int:
         for token, cos in analogy(model, tokenizer, a, b, c, args.k, subwords=args.subwords):
             print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
         return 0
-    texts = list(input_lines(args.text, skip_blank=True))
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
     if not texts:
         raise LmforgeError("TEXT: no text given (arguments or standard input)")
     options = dict(layer=args.layer, mix=args.mix, mix_weights=_mix_weights(args.mix_weights), gamma=args.gamma,
@@ -159,7 +159,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", metavar="FILE", required=True,
                    help="FILE.png (heatmaps) or FILE.html (explorer); several texts give FILE-1, FILE-2, ...")
     p.add_argument("--layer", type=int, metavar="L", help="PNG: only layer L (0 = first); HTML: the layer shown first")
-    p.add_argument("--head", type=int, metavar="H",
+    p.add_argument("--head", type=non_negative_int, metavar="H",
                    help="PNG: only head H (with --layer: one large heatmap); HTML: the head shown first")
     p.add_argument("--view", choices=["encoder", "decoder", "cross"],
                    help="encoder-decoder: the attention drawn in the PNG / shown first in the HTML (default encoder)")
@@ -167,6 +167,7 @@ def add_commands(sub) -> None:
                    help="encoder-decoder: the decoder's text (default: the model's own greedy output)")
     p.add_argument("--rollout", action="store_true", help="PNG of the attention rollout across layers")
     p.add_argument("--name", metavar="NAME", help="model name shown in titles (default: the directory's name)")
+    add_input_errors(p)
     add_common(p, device="cpu")
     p.set_defaults(handler=run_attention)
 
@@ -182,15 +183,16 @@ def add_commands(sub) -> None:
     p.add_argument("--pooling", choices=["mean", "cls", "last"], default="mean",
                    help="mean over real tokens (default), the first token, or the last real token")
     p.add_argument("--exclude-special", action="store_true", help="leave [CLS], [SEP], ... out of the mean")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N")
     p.add_argument("--out", metavar="FILE", help="FILE.npy (N, D) or FILE.jsonl; default: JSON lines on stdout")
     p.add_argument("--query", metavar="TEXT", help="rank the texts by cosine to this one instead")
     p.add_argument("--similar", metavar="WORD", help="nearest vocabulary entries to WORD's input embedding")
     p.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),
                    help="A is to B as C is to ?: B - A + C over input embeddings (words), or with TEXT arguments "
                    "over their sentence embeddings")
-    p.add_argument("-k", type=int, default=10, help="how many neighbours or texts to list (default 10)")
+    p.add_argument("-k", type=positive_int, default=10, help="how many neighbours or texts to list (default 10)")
     p.add_argument("--subwords", action="store_true", help="also return ## continuation pieces as neighbours")
+    add_input_errors(p)
     add_common(p, device="cpu")
     p.add_argument("text", nargs="*", metavar="TEXT")
     p.set_defaults(handler=run_embed)

@@ -15,6 +15,7 @@ import io
 import sys
 
 from lmforge import __version__
+from lmforge.cli.common import Parser
 from lmforge.errors import LmforgeError
 
 # Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
@@ -23,7 +24,7 @@ COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="lmforge",
         description="Build, pretrain, fine-tune and inspect Transformer language models.",
         epilog="Input is read from standard input when TEXT is not given, one item a line. "
@@ -56,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.handler(args) or 0)
     except LmforgeError as err:
         print(f"lmforge: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the file system said no (permissions, a directory for a file, ...)
+        if err.filename is None:
+            raise
+        print(f"lmforge: error: {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lmforge: interrupted", file=sys.stderr)

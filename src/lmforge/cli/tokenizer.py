@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-from lmforge.cli.common import add_common, input_lines
+from lmforge.cli.common import add_common, add_input_errors, input_lines, positive_int
 from lmforge.errors import LmforgeError
 
 
@@ -28,7 +29,12 @@ def train(args: argparse.Namespace) -> int:
         options["pattern"] = args.pattern
     tok = cls.train(texts, args.vocab_size, args.min_frequency, **options)
     path = tok.save(args.out)
-    print(json.dumps({"kind": tok.kind, "vocab_size": tok.vocab_size, "path": str(path)}))
+    if tok.vocab_size < args.vocab_size:
+        print(f"lmforge tokenizer train: stopped at {tok.vocab_size} tokens, short of --vocab-size "
+              f"{args.vocab_size}: no pair of symbols occurs --min-frequency {args.min_frequency} times any more "
+              "(a larger corpus or a lower --min-frequency gives more)", file=sys.stderr)
+    print(json.dumps({"kind": tok.kind, "vocab_size": tok.vocab_size, "requested_vocab_size": args.vocab_size,
+                      "path": str(path)}))
     return 0
 
 
@@ -37,7 +43,7 @@ def encode(args: argparse.Namespace) -> int:
 
     tok = load_tokenizer(args.tokenizer)
     allowed = "all" if args.allow_special else "none"
-    for line in input_lines(args.text):
+    for line in input_lines(args.text, errors=args.errors):
         enc = tok.encode(line, add_special_tokens=not args.no_special, allowed_special=allowed)
         record = {"ids": enc.ids, "tokens": enc.tokens}
         if args.offsets:
@@ -64,7 +70,7 @@ def decode(args: argparse.Namespace) -> int:
     from lmforge.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    for n, line in enumerate(input_lines(args.ids), start=1):
+    for n, line in enumerate(input_lines(args.ids, errors=args.errors), start=1):
         if not line.strip():
             continue
         where = "IDS" if args.ids is not None else f"<stdin> line {n}"
@@ -82,16 +88,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = commands.add_parser("train", help="learn a vocabulary from text files",
                             description="Learn a tokenizer from UTF-8 text files and save it into --out.")
     p.add_argument("--kind", choices=["bpe", "byte-bpe", "wordpiece"], required=True)
-    p.add_argument("--vocab-size", type=int, required=True, metavar="N",
+    p.add_argument("--vocab-size", type=positive_int, required=True, metavar="N",
                    help="final vocabulary size, special tokens included")
-    p.add_argument("--min-frequency", type=int, default=2, metavar="F",
+    p.add_argument("--min-frequency", type=positive_int, default=2, metavar="F",
                    help="stop when no pair occurs F times (default 2: when none occurs more than once)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for tokenizer.json and the vocabulary")
     p.add_argument("--pattern", choices=["gpt2", "gpt4"], default="gpt2",
                    help="byte-bpe pre-tokenization pattern (default gpt2)")
     p.add_argument("--errors", choices=["strict", "replace"], default="strict",
                    help="invalid UTF-8: stop with an error (default) or replace by U+FFFD")
-    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+    p.add_argument("--workers", type=positive_int, default=min(4, os.cpu_count() or 1),
                    help="processes counting words (default: up to 4)")
     add_common(p)
     p.add_argument("files", nargs="+", metavar="FILE")
@@ -105,6 +111,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="recognise special tokens written in the text (off: they are plain text)")
     p.add_argument("--offsets", action="store_true", help="also print character offsets")
     p.add_argument("text", nargs="?", metavar="TEXT")
+    add_input_errors(p)
     add_common(p)
     p.set_defaults(handler=encode)
 
@@ -113,5 +120,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="directory or tokenizer.json / vocab.txt")
     p.add_argument("--skip-special", action="store_true", help="leave out special tokens")
     p.add_argument("ids", nargs="?", metavar="IDS")
+    add_input_errors(p)
     add_common(p)
     p.set_defaults(handler=decode)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from lmforge.cli.common import add_common, apply_threads, input_lines
+from lmforge.cli.common import add_common, add_input_errors, apply_threads, input_lines, positive_int
 
 
 def run_translate(args: argparse.Namespace) -> int:
@@ -24,6 +25,10 @@ def run_translate(args: argparse.Namespace) -> int:
     from lmforge.models.interfaces import is_encoder_decoder
     from lmforge.workflows.translate import alignment, evaluate_translation, plot_alignment, translate
 
+    if args.align and Path(args.align).suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise LmforgeError(f"--align: {args.align} must end in .png, .pdf or .svg")
+    if args.out and Path(args.out).is_dir():
+        raise LmforgeError(f"--out: {args.out} is a directory; give a file for the translations")
     apply_threads(args)
     model, tokenizer = load(args.model, device=args.device)
     if not is_encoder_decoder(model):
@@ -46,7 +51,7 @@ def run_translate(args: argparse.Namespace) -> int:
         report = {k: v for k, v in result.items() if k not in ("hypotheses", "pairs")}
         print(json.dumps({**report, "file": str(path), "samples": samples}, ensure_ascii=False))
         return 0
-    texts = list(input_lines(args.text, skip_blank=True))
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
     if args.align:
         if len(texts) != 1:
             raise LmforgeError("--align: give exactly one sentence")
@@ -66,14 +71,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", nargs="?", metavar="TEXT", help="a sentence (default: one per line of standard input)")
     p.add_argument("--model", metavar="DIR", required=True, help="an encoder-decoder model directory")
-    p.add_argument("--beams", type=int, default=4, metavar="B", help="beam size (default 4; 1 = greedy)")
+    p.add_argument("--beams", type=positive_int, default=4, metavar="B", help="beam size (default 4; 1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=1.0, metavar="L",
                    help="beam score = log p / length**L (default 1.0)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences decoded together (32)")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="sentences decoded together (32)")
     p.add_argument("--eval", metavar="FILE", help="source<TAB>reference file to score (or 'bible')")
-    p.add_argument("--limit", type=int, metavar="N", help="with --eval: the first N pairs only")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="with --eval: the first N pairs only")
     p.add_argument("--out", metavar="FILE", help="with --eval: write the translations here, one per line")
     p.add_argument("--align", metavar="PNG", help="plot the cross-attention of TEXT and its translation")
     p.add_argument("--target", metavar="TEXT", help="with --align: the target to align (default: translate)")
+    add_input_errors(p)
     add_common(p, device="cpu")
     p.set_defaults(handler=run_translate)

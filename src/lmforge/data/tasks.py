@@ -19,6 +19,7 @@ through ``word_ids``: a word's prediction is its first piece's.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from lmforge.errors import LmforgeError
+from lmforge.files import read_text_utf8
 from lmforge.nn.loss import IGNORE_INDEX
 
 TASKS = ("seq-cls", "token-cls")
@@ -61,6 +63,10 @@ def _row(values: dict[str, Any], where: str, label_field: str, need_label: bool)
                    label=None if label is None else str(label).strip())
 
 
+def read_utf8(path: Path) -> str:
+    return read_text_utf8(path, "labeled file")
+
+
 def read_classification(path: str | Path, need_label: bool = True, label_field: str = "label") -> list[Example]:
     """Rows of a CSV / TSV / JSONL file as Examples (see the module docstring for the layouts)."""
     path = Path(path)
@@ -68,7 +74,7 @@ def read_classification(path: str | Path, need_label: bool = True, label_field: 
         raise LmforgeError(f"{path}: no such file")
     if path.suffix in (".jsonl", ".json"):
         out = []
-        for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+        for n, line in enumerate(read_utf8(path).splitlines(), 1):
             if line.strip():
                 try:
                     obj = json.loads(line)
@@ -79,8 +85,8 @@ def read_classification(path: str | Path, need_label: bool = True, label_field: 
                 out.append(_row(obj, f"{path}:{n}", label_field, need_label))
     else:
         delimiter = "\t" if path.suffix in (".tsv", ".tab") else ","
-        with path.open(encoding="utf-8-sig", newline="") as f:
-            rows = [r for r in csv.reader(f, delimiter=delimiter) if any(c.strip() for c in r)]
+        text = io.StringIO(read_utf8(path), newline="")
+        rows = [r for r in csv.reader(text, delimiter=delimiter) if any(c.strip() for c in r)]
         if not rows:
             raise LmforgeError(f"{path}: no rows")
         header = [c.strip().lower() for c in rows[0]]
@@ -107,7 +113,10 @@ def read_tagged(path: str | Path, need_tags: bool = True) -> list[Example]:
     path = Path(path)
     if not path.is_file():
         raise LmforgeError(f"{path}: no such file")
-    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    if path.suffix.lower() in (".csv", ".tsv", ".tab", ".jsonl", ".json"):
+        raise LmforgeError(f"{path}: token-cls reads word/TAG lines or CoNLL columns, not {path.suffix} rows "
+                           "(CSV / TSV / JSONL files are for --task seq-cls)")
+    lines = read_utf8(path).splitlines()
     first = next((ln.split() for ln in lines if ln.strip()), None)
     if first is None:
         raise LmforgeError(f"{path}: no sentences")

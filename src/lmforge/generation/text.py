@@ -36,6 +36,28 @@ def prompt_ids(model: Any, tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
+def fit_window(ids: list[int], max_new_tokens: int, max_positions: int) -> tuple[list[int], int, str | None]:
+    """Make a decoder's prompt + new tokens fit its context: keep the prompt's last tokens (what a sliding
+    window would see), and cut the new tokens only when even a one-token prompt leaves too little room.
+
+    Returns (prompt ids, new tokens, a note saying what was cut, or None).
+
+    >>> fit_window([1, 2, 3, 4, 5], 4, 8)
+    ([2, 3, 4, 5], 4, 'the prompt has 5 tokens: kept its last 4 so that 4 new tokens fit the 8 positions')
+    >>> fit_window([1, 2], 3, 8)
+    ([1, 2], 3, None)
+    """
+    if len(ids) + max_new_tokens <= max_positions:
+        return ids, max_new_tokens, None
+    new = min(max_new_tokens, max_positions - 1)
+    keep = max_positions - new
+    note = (f"the prompt has {len(ids)} tokens: kept its last {keep} so that {new} new tokens fit the "
+            f"{max_positions} positions")
+    if new < max_new_tokens:
+        note += f" (asked for {max_new_tokens})"
+    return ids[-keep:], new, note
+
+
 class TextStream:
     """Decode a growing list of ids and print only the new text (held back while a character is split).
 

@@ -35,10 +35,12 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True) ->
     """(model in eval mode, tokenizer or None) from any model directory (see the module docstring)."""
     from lmforge.interop.huggingface import is_hf_dir, load_hf
     from lmforge.models.registry import load_pretrained
+    from lmforge.nn.device import resolve_device
 
     folder = Path(path)
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory")
+    device = resolve_device(device, "device") if device is not None else None
     if (folder / ADAPTER_CONFIG).is_file():  # LoRA / adapter output of `lmforge finetune`
         model, tok, _ = load_finetuned(folder, device)
         return model, tok

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import read_text_utf8, write_text_atomic
 
 # Keys a model directory's config.json may hold beside the architecture's fields (which head sits on
 # top, the label names of a fine-tuned model, ...). ``from_dict`` accepts and ignores them.
@@ -238,10 +238,11 @@ def config_path(path: str | os.PathLike) -> Path:
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file; a missing file, bad bytes or bad JSON is one line naming the file."""
     if not path.exists():
         raise LmforgeError(f"{path}: no such file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text_utf8(path, "JSON file"))
     except json.JSONDecodeError as err:
         raise LmforgeError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
     if not isinstance(data, dict):

@@ -246,9 +246,13 @@ def load_recipe(
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as err:
         raise LmforgeError(f"{path}: cannot read recipe: {err.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise LmforgeError(f"{path}: not a YAML recipe: invalid UTF-8 at byte offset {err.start}") from None
     try:
         recipe = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:

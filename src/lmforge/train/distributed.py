@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.device import resolve_device
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,7 @@ def detect() -> DistEnv:
 
 def pick_device(name: str, env: DistEnv) -> torch.device:
     """'auto' -> cuda:LOCAL_RANK when CUDA is available, else cpu; 'cuda' -> cuda:LOCAL_RANK."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise LmforgeError("train.device: cuda was asked for but no CUDA device is available")
-        return torch.device("cuda", env.local_rank)
-    try:
-        return torch.device(name)
-    except RuntimeError as err:
-        raise LmforgeError(f"train.device: {err}") from None
+    return resolve_device(name, "train.device", env.local_rank)
 
 
 def init(env: DistEnv, device: torch.device) -> bool:

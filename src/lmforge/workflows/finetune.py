@@ -128,6 +128,9 @@ def read_examples(args: FinetuneArgs) -> tuple[list, list, list[str]]:
     """(training examples, evaluation examples, label names from the training set)."""
     train_ex = tasks.read_task(args.task, args.train)[: args.limit or None]
     names = tasks.label_names(train_ex)
+    if len(names) < 2:
+        raise LmforgeError(f"{args.train}: every training example has the label {names[0]!r}: a classifier needs "
+                           "at least two classes")
     eval_ex = tasks.read_task(args.task, args.eval) if args.eval else []
     tasks.check_labels(eval_ex, names)
     return train_ex, eval_ex, names

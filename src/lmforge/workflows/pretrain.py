@@ -17,6 +17,7 @@ both fetched by ``lmforge.data.sources``.
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from lmforge.data import sources
 from lmforge.data.collate import CausalLMSource, MaskedLMSource, Seq2SeqSource, SpecialIds
 from lmforge.data.corpus import MANIFEST, TokenShard, prepare_corpus, tokenizer_fingerprint
 from lmforge.errors import LmforgeError
+from lmforge.files import read_text_utf8
 
 OBJECTIVES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
               "seq2seq": "Seq2Seq",  # or RNNSeq2Seq: the preset's kind decides (build_pretraining_model)
@@ -120,14 +122,14 @@ def _prepared(corpus: Path, tokenizer) -> bool:
 def read_pairs(path: Path) -> list[tuple[str, str]]:
     """source<TAB>target lines of a TSV file; a line without a tab names the file and line."""
     pairs = []
-    with path.open(encoding="utf-8", newline="") as f:
-        for number, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
-            if not row or not "".join(row).strip():
-                continue
-            if len(row) != 2:
-                raise LmforgeError(f"{path}:{number}: expected source<TAB>target, found {len(row)} fields")
-            if row[0].strip() and row[1].strip():
-                pairs.append((row[0].strip(), row[1].strip()))
+    text = io.StringIO(read_text_utf8(path, "source<TAB>target file"), newline="")
+    for number, row in enumerate(csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != 2:
+            raise LmforgeError(f"{path}:{number}: expected source<TAB>target, found {len(row)} fields")
+        if row[0].strip() and row[1].strip():
+            pairs.append((row[0].strip(), row[1].strip()))
     if not pairs:
         raise LmforgeError(f"{path}: no source/target pairs")
     return pairs
