@@ -5,7 +5,7 @@
 
 Open the file in any browser. The weights are stored as JSON inside the page (``page_data`` reads
 them back), rounded to 4 decimals, the precision the page shows on hover: a 6-layer, 12-head model on an
-11-token sentence makes a page of about 90 kB; the size grows with layers x heads x tokens², so a 128-token
+11-token sentence makes a page of about 100 kB; the size grows with layers x heads x tokens², so a 128-token
 text is several MB. The page itself (model view, head view, matrix; layout, colours, behaviour) is in
 ``explorer_page.py``.
 """

@@ -70,6 +70,7 @@ kbd { font: .85em ui-monospace, Menlo, Consolas, monospace; border: 1px solid va
 .legend .ticks { position: relative; }
 .legend .ticks span { position: absolute; white-space: nowrap; }
 .legend.vertical { flex-direction: column; align-items: flex-start; }
+.legend.vertical .caption { white-space: pre; }
 .legend.vertical .scale { display: flex; gap: 5px; }
 .legend.vertical .ticks span { transform: translateY(-50%); left: 0; }
 .legend.horizontal .ticks span { transform: translateX(-50%); top: 0; }
@@ -105,6 +106,8 @@ kbd { font: .85em ui-monospace, Menlo, Consolas, monospace; border: 1px solid va
 #lines text.pinned { text-decoration: underline; }
 #lines line { stroke-linecap: round; }
 #lines line.off { display: none; }
+#mark { position: absolute; z-index: 9; pointer-events: none; border: 1px solid #ffffff; outline: 1px solid #000000;
+        box-sizing: content-box; }
 #tip { position: absolute; z-index: 10; pointer-events: none; background: var(--ink); color: #ffffff; font-size: 13px;
        line-height: 1.4; padding: 4px 8px; border-radius: 4px; white-space: pre; box-shadow: 0 2px 8px #0004; }
 """
@@ -188,7 +191,13 @@ SCRIPT_TEMPLATE = r"""
     if (x + tip.offsetWidth > right - 4) { x = Math.max(window.scrollX + 4, e.pageX - tip.offsetWidth - 10); }
     tip.style.left = x + "px"; tip.style.top = y + "px";
   }
-  function hideTip() { tip.hidden = true; }
+  function hideTip() { tip.hidden = true; $("mark").hidden = true; }
+  // Outline the cell under the mouse: x, y, w, h in the canvas's CSS pixels.
+  function mark(canvas, x, y, w, h) {
+    var r = canvas.getBoundingClientRect(), m = $("mark");
+    m.style.left = (r.left + window.scrollX + x - 1) + "px"; m.style.top = (r.top + window.scrollY + y - 1) + "px";
+    m.style.width = w + "px"; m.style.height = h + "px"; m.hidden = false;
+  }
 
   // -- the colour scale -------------------------------------------------------------------------------------
   function legend(box, length, vertical, causal) {
@@ -208,8 +217,8 @@ SCRIPT_TEMPLATE = r"""
       s.style[vertical ? "top" : "left"] = (vertical ? length - 1 - at : at) + "px";
       ticks.appendChild(s);
     });
-    var caption = el("span", "", "attention weight (" + (state.scale === "linear" ? "linear" : "square-root") +
-                     " scale)");
+    var caption = el("span", "caption", "attention weight" + (vertical ? "\n" : " ") + "(" +
+                     (state.scale === "linear" ? "linear" : "square-root") + " scale)");
     if (vertical) {
       var scale = el("div", "scale"); scale.appendChild(bar); scale.appendChild(ticks);
       box.appendChild(caption); box.appendChild(scale);
@@ -315,16 +324,17 @@ SCRIPT_TEMPLATE = r"""
     var font = '14px ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace', top = 26;
     var rows = Math.max(v.queries.length, v.keys.length), bar = document.querySelector(".bar").offsetHeight;
     var rowH = Math.max(20, Math.min(34, Math.floor((window.innerHeight - bar - 150) / rows)));
-    var leftW = textWidth(v.queries, font) + 12, rightW = textWidth(v.keys, font) + 12;
+    var cross = v.name === "cross", names = cross ? ["decoder (query)", "encoder (key)"] : ["query", "key"];
+    var small = "12px system-ui, sans-serif";
+    var leftW = Math.max(textWidth(v.queries, font), textWidth([names[0]], small)) + 12;
+    var rightW = Math.max(textWidth(v.keys, font), textWidth([names[1]], small)) + 12;
     var gap = Math.max(200, Math.min(720, paneWidth() - leftW - rightW - 40));
     var width = leftW + gap + rightW, height = top + Math.max(v.queries.length, v.keys.length) * rowH + 6;
     var x0 = leftW, x1 = leftW + gap;
     box.textContent = ""; box.setAttribute("width", width); box.setAttribute("height", height);
     box.setAttribute("viewBox", "0 0 " + width + " " + height);
-    var cross = v.name === "cross";
-    box.appendChild(svg("text", { x: x0 - 8, y: 14, "text-anchor": "end", "class": "column" }))
-      .textContent = cross ? "decoder (query)" : "query";
-    box.appendChild(svg("text", { x: x1 + 8, y: 14, "class": "column" })).textContent = cross ? "encoder (key)" : "key";
+    box.appendChild(svg("text", { x: x0 - 8, y: 14, "text-anchor": "end", "class": "column" })).textContent = names[0];
+    box.appendChild(svg("text", { x: x1 + 8, y: 14, "class": "column" })).textContent = names[1];
     // Each head's lines leave and reach a token a little above or below its middle, so that heads joining
     // the same two tokens stay apart.
     var y = function (k) { return top + k * rowH + rowH / 2; }, found = [], H = heads.length;
@@ -613,18 +623,23 @@ SCRIPT_TEMPLATE = r"""
   $("head").addEventListener("change", function (e) { state.head = e.target.value; render(); });
   $("scale").addEventListener("change", function (e) { state.scale = e.target.value; render(); });
   $("heatmap").addEventListener("mousemove", function (e) {
-    var at = cellAt(e);
+    var at = cellAt(e), canvas = $("heatmap"), d = canvas.dataset;
     if (at === null) { hideTip(); return; }
     if (!state.pinned && at.i !== state.query) { select(at.i); }
     cellTip(e, state.layer, state.head, matrix(state.layer, state.head), view(), at);
+    mark(canvas, Number(d.left) + at.j * Number(d.cellWidth), Number(d.top) + at.i * Number(d.cellHeight),
+         Number(d.cellWidth), Number(d.cellHeight));
   });
   $("heatmap").addEventListener("mouseleave", hideTip);
   $("heatmap").addEventListener("click", function (e) { var at = cellAt(e); if (at !== null) { pin(at.i); } });
   $("model-grid").addEventListener("mousemove", function (e) {
     var panel = panelOf(e), at = panel && panelCell(panel, e);
     if (!at) { hideTip(); return; }
-    var l = Number(panel.dataset.layer), h = Number(panel.dataset.head);
-    cellTip(e, l, h, view().weights[l][h], view(), at);
+    var l = Number(panel.dataset.layer), h = Number(panel.dataset.head), v = view();
+    var canvas = panel.querySelector("canvas"), w = canvas.clientWidth / v.keys.length;
+    var ht = canvas.clientHeight / v.queries.length;
+    cellTip(e, l, h, v.weights[l][h], v, at);
+    mark(canvas, at.j * w, at.i * ht, w, ht);
   });
   $("model-grid").addEventListener("mouseleave", hideTip);
   $("model-grid").addEventListener("click", function (e) { var p = panelOf(e); if (p) { openLarge(p); } });
@@ -651,6 +666,10 @@ SCRIPT_TEMPLATE = r"""
     else if ((e.key === "ArrowUp" || e.key === "ArrowDown") && state.tab !== "model") { step("layer", back ? -1 : 1); }
     else { return; }
     e.preventDefault();
+  });
+  window.addEventListener("hashchange", function () {  // a link or the address bar: #model, #head, #matrix
+    var name = window.location.hash.slice(1);
+    if (TABS.indexOf(name) >= 0 && name !== state.tab) { setTab(name); }
   });
   var resizing = null;
   window.addEventListener("resize", function () { clearTimeout(resizing); resizing = setTimeout(render, 120); });
@@ -727,6 +746,7 @@ PAGE = """<!DOCTYPE html>
 <p class="hint">Keys: <kbd>1</kbd> <kbd>2</kbd> <kbd>3</kbd> switch views, <kbd>\u2190</kbd>/<kbd>\u2192</kbd>
 the head, <kbd>\u2191</kbd>/<kbd>\u2193</kbd> the layer, <kbd>Esc</kbd> unpins.</p>
 </main>
+<div id="mark" hidden></div>
 <div id="tip" role="tooltip" hidden></div>
 <script type="application/json" id="attention-data">{data}</script>
 <script>{script}</script>
