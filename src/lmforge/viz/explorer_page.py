@@ -23,12 +23,17 @@ The page has three tabs over the same numbers (the view selector picks encoder, 
   and lists the three largest in the status line; clicking pins it. Hovering a heatmap cell selects its
   row and shows the weight; cells of 36 px or more print it.
 
-Colours: weight w is drawn as ``RAMP`` at sqrt(w) (the PNGs' square-root scale), interpolated linearly
-between its stops, which are matplotlib's magma (CC0) reversed: cream for 0 through orange and magenta to
-near-black for 1, lightness falling all the way, so a darker cell is always a larger weight, in grey print
-and for colour-blind readers too. Cells a causal mask forbids are grey (``MASKED``). Text on a cell is black
-or white, whichever contrasts more (WCAG relative luminance). Keys: 1 2 3 switch tabs, ←/→ the head,
-↑/↓ the layer, Esc unpins.
+Colours: weight w is drawn as ``RAMP`` at sqrt(w) (the PNGs' square-root scale; the "Colour scale"
+selector switches to w itself), interpolated linearly between its stops, which are matplotlib's magma
+(CC0) reversed: cream for 0 through orange and magenta to near-black for 1, lightness falling all the way,
+so a darker cell is always a larger weight, in grey print and for colour-blind readers too. A scale bar
+stands beside each heatmap. Cells a causal mask forbids are grey (``MASKED``). Text on a cell is black or
+white, whichever contrasts more (WCAG relative luminance).
+
+Keys: 1 2 3 switch tabs, ←/→ the head, ↑/↓ the layer, Esc unpins; Tab reaches the tabs, the panels and
+the query tokens, Enter opens or pins them. The address ends in #model, #head or #matrix (a link can open
+a tab); without one the page opens on the matrix when ``start`` names a head, on the head view when it
+names only a layer, else on the model view.
 """
 
 import json
@@ -45,6 +50,7 @@ HEAD_COLOURS = ("#0072b2", "#d55e00", "#009e73", "#b5179e", "#9c6b00", "#00838f"
 
 STYLE = """
 :root { --ink: #1f2328; --muted: #57606a; --rule: #d0d7de; --accent: #0969da; --soft: #f6f8fa; }
+html { scroll-padding-top: 5em; }  /* what is scrolled into view is not left under the sticky bar */
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: .9em 1.6em 2em; color: var(--ink);
        background: #ffffff; }
 h1 { font-size: 1.3em; margin: 0; }
