@@ -453,3 +453,29 @@ def test_matrix_uses_the_window(browser, pages):
     inner_w, inner_h = browser.execute_script("return [window.innerWidth, window.innerHeight];")
     assert width >= 0.6 * inner_w or height >= 0.6 * inner_h, (width, height, inner_w, inner_h)
     assert int(canvas.get_attribute("data-cell-height")) >= 28
+
+
+def test_colour_scale_shows_the_ramp_with_its_ticks_and_follows_the_scale_selector(browser, pages):
+    path, maps = pages["encoder"]
+    view = maps.view()
+    open_page(browser, path)
+    for scale, position in (("sqrt", np.sqrt), ("linear", lambda w: w)):
+        choose(browser, "scale", scale)
+        legend = browser.find_element(By.ID, "model-legend")
+        assert ("square-root" if scale == "sqrt" else "linear") in legend.text
+        bar = legend.find_element(By.TAG_NAME, "canvas")
+        length = int(bar.get_attribute("width"))
+        for p in (0.0, 0.3, 0.75, 1.0):  # the bar runs along the ramp, 0 on the left
+            colour = browser.execute_script(
+                "return Array.from(arguments[0].getContext('2d').getImageData(arguments[1], 5, 1, 1).data);",
+                bar, round(p * (length - 1)))
+            assert np.abs(np.array(colour[:3]) - ramp(p)).max() <= 2, (scale, p)
+        left = bar.location["x"]
+        for tick in legend.find_elements(By.CSS_SELECTOR, ".ticks span"):
+            middle = tick.location["x"] + tick.size["width"] / 2 - left
+            assert abs(middle - position(float(tick.text)) * (length - 1)) <= 2, (scale, tick.text)
+        # The thumbnails follow the scale.
+        canvas = panels(browser)[0].find_element(By.TAG_NAME, "canvas")
+        first = browser.execute_script(
+            "return Array.from(arguments[0].getContext('2d').getImageData(0, 0, 1, 1).data);", canvas)
+        assert np.abs(np.array(first[:3]) - ramp(position(view.weights[0, 0, 0, 0]))).max() <= 2, scale
