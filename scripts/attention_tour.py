@@ -1,9 +1,10 @@
 """The pictures of docs/inspection.md, rebuilt from the real all-MiniLM-L6-v2 and small lmforge runs.
 
-    python scripts/attention_tour.py docs/img            # about a minute on two CPU cores
+    python scripts/attention_tour.py docs/img                   # about four minutes on two CPU cores
+    python scripts/attention_tour.py docs/img --explorer-only   # only the explorer's screenshots, seconds
 
 Needs the MiniLM checkpoint and the Shakespeare text (``python -m lmforge.data.sources fetch --for-tests``);
-the explorer screenshot also needs selenium and Debian's chromium + chromium-driver (skipped without them).
+the explorer screenshots also need selenium and Debian's chromium + chromium-driver (skipped without them).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,13 +67,11 @@ def pretrain_runs(root: Path) -> list[Path]:
     return runs
 
 
-def screenshot(page: Path, out: Path, layer: int, head: int, token: str) -> Path | None:
-    """A PNG of the explorer with ``token`` pinned at ``layer``/``head`` (None without selenium/chromium)."""
+def _chromium():
+    """A headless Chromium driven by selenium, or None without them."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support.ui import Select
     except ImportError:
         return None
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
@@ -79,20 +79,82 @@ def screenshot(page: Path, out: Path, layer: int, head: int, token: str) -> Path
         return None
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1000,820",
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1200,900",
                  f"--user-data-dir={tempfile.mkdtemp()}"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    return webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+
+
+def _viewport(driver, width: int, height: int) -> None:
+    """Make the page area (not the window) width x height CSS pixels, then let the page redraw."""
+    outer_w, outer_h, inner_w, inner_h = driver.execute_script(
+        "return [window.outerWidth, window.outerHeight, window.innerWidth, window.innerHeight];")
+    driver.set_window_size(width + outer_w - inner_w, height + outer_h - inner_h)
+    time.sleep(0.4)  # the page redraws 120 ms after a resize
+
+
+def _hover_cell(driver, canvas, i: int, j: int, n_q: int, n_k: int, left: float = 0, top: float = 0,
+                cell: tuple[float, float] | None = None) -> None:
+    """Move the mouse to the middle of cell (i, j) of a heatmap canvas."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    size = canvas.size
+    cw, ch = cell or (size["width"] / n_k, size["height"] / n_q)
+    x, y = left + (j + 0.5) * cw, top + (i + 0.5) * ch
+    ActionChains(driver).move_to_element_with_offset(canvas, int(x - size["width"] / 2),
+                                                     int(y - size["height"] / 2)).perform()
+
+
+def explorer_screenshots(page: Path, out: Path, layer: int, head: int, token: str, key: str) -> list[Path]:
+    """PNGs of the explorer's three tabs on ``page`` (none without selenium/chromium):
+
+    inspect_explorer_model.png   every layer x head, the mouse on the cell (token, key) of layer/head
+    inspect_explorer_heads.png   the head view of ``layer`` with ``token`` pinned, the mouse on ``key``
+    inspect_explorer.png         the matrix of layer/head with ``token`` pinned, the mouse on (token, key)
+    """
+    driver = _chromium()
+    if driver is None:
+        return []
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    made = []
     try:
-        driver.get(page.resolve().as_uri())
+        driver.get(page.resolve().as_uri() + "#model")
+        tokens = [t.get_attribute("textContent") for t in driver.find_elements(By.CSS_SELECTOR, "#queries .tok")]
+        i, j, n = tokens.index(token), tokens.index(key), len(tokens)
+        height = driver.execute_script("return document.documentElement.scrollHeight;")
+        _viewport(driver, 1200, min(height, 1100))
+        panels = driver.find_elements(By.CSS_SELECTOR, "#model-grid .panel")
+        n_heads = len(panels) // len(driver.find_elements(By.CSS_SELECTOR, "#model-grid .axis.layer"))
+        _hover_cell(driver, panels[layer * n_heads + head].find_element(By.TAG_NAME, "canvas"), i, j, n, n)
+        made.append(out / "inspect_explorer_model.png")
+        driver.save_screenshot(str(made[-1]))
+
+        driver.get(page.resolve().as_uri() + "#head")
+        Select(driver.find_element(By.ID, "layer")).select_by_value(str(layer))
+        queries = driver.find_elements(By.CSS_SELECTOR, "#lines text.q")
+        queries[i].click()
+        _viewport(driver, 1200, driver.execute_script("return document.documentElement.scrollHeight;") + 10)
+        ActionChains(driver).move_to_element(driver.find_elements(By.CSS_SELECTOR, "#lines text.k")[j]).perform()
+        made.append(out / "inspect_explorer_heads.png")
+        driver.save_screenshot(str(made[-1]))
+
+        driver.get(page.resolve().as_uri() + "#matrix")
+        _viewport(driver, 1200, 900)
         Select(driver.find_element(By.ID, "layer")).select_by_value(str(layer))
         Select(driver.find_element(By.ID, "head")).select_by_value(str(head))
-        tokens = driver.find_elements(By.CSS_SELECTOR, "#queries .tok")
-        tokens[[t.text for t in tokens].index(token)].click()
-        driver.save_screenshot(str(out))
+        driver.find_elements(By.CSS_SELECTOR, "#queries .tok")[i].click()
+        canvas = driver.find_element(By.ID, "heatmap")
+        cw, ch, left, top = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell-width", "cell-height", "left",
+                                                                                  "top"))
+        _hover_cell(driver, canvas, i, j, n, n, left, top, (cw, ch))
+        made.append(out / "inspect_explorer.png")
+        driver.save_screenshot(str(made[-1]))
     finally:
         driver.quit()
-    return out
+    return made
 
 
 def shrink(path: Path) -> Path:
@@ -119,11 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     from lmforge.workflows.inspect import attention_maps, attention_rollout
 
-    out = Path((argv or sys.argv[1:] or ["docs/img"])[0])
+    args = list(sys.argv[1:] if argv is None else argv)
+    explorer_only = "--explorer-only" in args
+    args = [a for a in args if a != "--explorer-only"]
+    out = Path((args or ["docs/img"])[0])
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model, tok = lmforge.load(minilm_path())
     maps = {adj: attention_maps(model, tok, text) for adj, text in SENTENCES.items()}
+    if explorer_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            page = write_attention_page(maps["strong"], Path(tmp) / "juventus.html", model_name="all-MiniLM-L6-v2")
+            shots = explorer_screenshots(page, out, layer=3, head=1, token="they", key="juventus")
+        for path in shots:
+            print(shrink(path))
+        return 0 if shots else 1
     views = {adj: m.view() for adj, m in maps.items()}
     made = [
         plot_attention(views["strong"], out / "inspect_minilm_heads.png",
@@ -138,10 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_positional_encoding(out / "inspect_positional_encoding.png", n_positions=100, d_model=128),
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        page = write_attention_page(maps["strong"], Path(tmp) / "juventus.html", model_name="all-MiniLM-L6-v2",
-                                    layer=3, head=1)
-        shot = screenshot(page, out / "inspect_explorer.png", layer=3, head=1, token="they")
-        made += [shot] if shot else []
+        page = write_attention_page(maps["strong"], Path(tmp) / "juventus.html", model_name="all-MiniLM-L6-v2")
+        made += explorer_screenshots(page, out, layer=3, head=1, token="they", key="juventus")
         runs = pretrain_runs(Path(tmp))
         made.append(plot_loss_curves(runs, out / "inspect_loss_curves.png", labels=["lr 1e-3", "lr 3e-3"]))
         gpt, gpt_tok = lmforge.load(runs[1] / "model")

@@ -4,9 +4,10 @@
     >>> write_attention_page(maps, "juventus.html", model_name="all-MiniLM-L6-v2")                      # doctest: +SKIP
 
 Open the file in any browser. The weights are stored as JSON inside the page (``page_data`` reads
-them back), rounded to 3 decimals: a 6-layer, 12-head model on a 12-token sentence makes a page of
-about 70 kB; the size grows with layers x heads x tokens², so a 128-token text is several MB.
-The page itself (layout, controls, behaviour) is in ``explorer_page.py``.
+them back), rounded to 4 decimals, the precision the page shows on hover: a 6-layer, 12-head model on an
+11-token sentence makes a page of about 100 kB; the size grows with layers x heads x tokens², so a 128-token
+text is several MB. The page itself (model view, head view, matrix; layout, colours, behaviour) is in
+``explorer_page.py``.
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ DATA_RE = re.compile(r'<script type="application/json" id="attention-data">(.*?)
 LARGE_PAGE = 20_000_000  # bytes: beyond this the page is still written, with a warning
 
 
+DECIMALS = 4  # the weights in the page, and on hover
+
+
 def _number(x: float) -> str:
-    """0.1234 -> '0.123', 0.0 -> '0', 1.0 -> '1': three decimals, no trailing zeros."""
-    s = f"{x:.3f}".rstrip("0").rstrip(".")
+    """0.12345 -> '0.1235', 0.0 -> '0', 1.0 -> '1', 0.25 -> '0.25': four decimals, no trailing zeros."""
+    s = f"{x:.{DECIMALS}f}".rstrip("0").rstrip(".")
     return "0" if s in ("", "-0") else s
 
 
 def compact_weights(w: np.ndarray) -> str:
-    """A nested JSON array of ``w`` (any rank) with every number at three decimals."""
+    """A nested JSON array of ``w`` (any rank) with every number at ``DECIMALS`` decimals."""
     if w.ndim == 1:
         return "[" + ",".join(_number(float(x)) for x in w) + "]"
     return "[" + ",".join(compact_weights(part) for part in w) + "]"
