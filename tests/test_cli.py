@@ -64,3 +64,21 @@ def test_quiet_keeps_results_and_drops_progress(tmp_path, capsys):
     assert json.loads(quiet.out) == {**json.loads(loud.out), "path": str(tmp_path / "b" / "tokenizer.json")}
     assert main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "nowhere"), "x", "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("lmforge: error: ")  # errors still reach standard error
+
+
+def test_training_flags_are_shortcuts_for_the_recipe(tmp_path, capsys):
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"data": {"files": ["x.txt"]}, "train": {"max_steps": 3}}))
+    assert main(["pretrain", "--config", str(recipe), "--precision", "bf16", "--compile", "--device", "cpu",
+                 "--print-config", "train.lr=0.01"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (printed["train"]["precision"], printed["train"]["compile"], printed["train"]["device"]) == ("bf16", True,
+                                                                                                         "cpu")
+    assert printed["train"]["lr"] == 0.01 and printed["train"]["max_steps"] == 3
+    assert printed["train"]["tensorboard"] is False  # nobody asked: no TensorBoard, and no warning about it
+    assert main(["finetune", "--model", "m", "--task", "seq-cls", "--train", "t.csv", "--precision", "fp16",
+                 "--compile", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)["finetune"]
+    assert (printed["precision"], printed["compile"], printed["model"]) == ("fp16", True, "m")

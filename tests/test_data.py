@@ -314,3 +314,22 @@ def test_a_single_document_holds_out_its_last_lines(tmp_path, seed):
     train, valid = TokenShard.open(tmp_path / "c", "train"), TokenShard.open(tmp_path / "c", "valid")
     assert (len(train.lines) - 1, len(valid.lines) - 1) == (196, 4)  # whatever the seed: the tail, 2%
     assert valid.line_tokens(3).tolist() == tok.encode("line 199").ids
+
+
+def test_validation_share_follows_val_fraction_whatever_the_documents(tmp_path):
+    """Two files of very different sizes, one file, many equal files: validation is near 10% of the text."""
+    from lmforge.tokenizers import KINDS
+
+    tok = KINDS["byte-bpe"].train(["some words here and there"], 260, 1)
+    line = "the quick brown fox jumps over the lazy dog"
+    layouts = {"uneven": [300, 20], "one": [200], "many": [30] * 20}
+    for name, lengths in layouts.items():
+        files = []
+        for i, n in enumerate(lengths):
+            path = tmp_path / f"{name}{i}.txt"
+            path.write_text("\n".join([line] * n) + "\n")
+            files.append(path)
+        manifest = prepare_corpus(files, tok, tmp_path / name, val_fraction=0.1, workers=1, progress=False)
+        train, valid = manifest["splits"]["train"]["tokens"], manifest["splits"]["valid"]["tokens"]
+        share = valid / (train + valid)
+        assert 0.05 <= share <= 0.2, (name, share)

@@ -101,3 +101,28 @@ def test_bad_recipes_name_the_key(tmp_path, text_files):
     bad.write_text("one\ttwo\nthree\n")
     with pytest.raises(LmforgeError, match=r"bad.tsv:2: expected source<TAB>target"):
         read_pairs(bad)
+
+
+def test_a_recipe_trains_on_data_prepare_output(tmp_path, text_files, capsys):
+    """The tour's `lmforge data prepare` shards feed `lmforge pretrain` through data.prepared."""
+    r = recipe("clm", [], "byte-bpe")
+    tok = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--kind", "byte-bpe", "--vocab-size", "300", "--out", str(tok), *text_files,
+                 "--quiet"]) == 0
+    assert main(["data", "prepare", "--tokenizer", str(tok), "--out", str(tmp_path / "shards"), *text_files,
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    r["tokenizer"] = {"path": str(tok)}
+    r["data"]["prepared"] = str(tmp_path / "shards")
+    result, model_dir = pretrain(r, tmp_path / "run")
+    assert result.step == 6 and not (tmp_path / "run" / "corpus").exists()
+    other = tmp_path / "other"
+    assert main(["tokenizer", "train", "--kind", "byte-bpe", "--vocab-size", "280", "--out", str(other), *text_files,
+                 "--quiet"]) == 0
+    r["tokenizer"] = {"path": str(other)}
+    with pytest.raises(LmforgeError, match=r"data\.prepared: .* another tokenizer"):
+        pretrain(r, tmp_path / "run2")
+    r["data"]["seq_len"], r["model"]["max_positions"] = 128, 64
+    r["tokenizer"] = {"path": str(tok)}
+    with pytest.raises(LmforgeError, match=r"data\.seq_len: 128 is longer than model\.max_positions 64"):
+        pretrain(r, tmp_path / "run3")

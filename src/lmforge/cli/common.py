@@ -83,6 +83,22 @@ def add_common(p: argparse.ArgumentParser, device: str | None = None, threads: b
                        help="torch CPU threads (default: torch's)")
 
 
+def training_shortcuts(args: argparse.Namespace) -> list[str]:
+    """--device / --precision / --compile as the recipe overrides they stand for (a flag wins over the recipe)."""
+    out = [f"train.device={args.device}"] if args.device else []
+    out += [f"train.precision={args.precision}"] if args.precision else []
+    out += ["train.compile=true"] if args.compile else []
+    return out
+
+
+def add_training_flags(p: argparse.ArgumentParser, section: str = "train") -> None:
+    """The flags users of transformers and nanoGPT reach for, as shortcuts of the recipe's keys."""
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                   help=f"autocast precision ({section}.precision; default fp32 on CPU)")
+    p.add_argument("--compile", action="store_true", default=None, help=f"torch.compile the model ({section}.compile)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved recipe as YAML and exit")
+
+
 def add_input_errors(p: argparse.ArgumentParser) -> None:
     """``--errors``: what to do with invalid UTF-8 in the input (files and standard input alike)."""
     p.add_argument("--errors", choices=["strict", "replace"], default="strict",

@@ -14,6 +14,7 @@ from pathlib import Path
 from lmforge.cli.common import (
     add_common,
     add_input_errors,
+    add_training_flags,
     apply_threads,
     fraction,
     input_lines,
@@ -36,6 +37,13 @@ def run_finetune(args) -> int:
     flags = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__}
     flags["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
     finetune_args = FinetuneArgs.from_recipe(recipe, flags)
+    if args.print_config:
+        import dataclasses
+
+        import yaml
+
+        print(yaml.safe_dump({"finetune": dataclasses.asdict(finetune_args)}, sort_keys=False), end="")
+        return 0
     report = finetune(finetune_args)
     metrics = report.get("eval") or {}
     if metrics:
@@ -114,6 +122,7 @@ def add_commands(sub) -> None:
     p.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay (default 0.01)")
     p.add_argument("--warmup", type=fraction, help="share of the steps spent warming up (default 0.1)")
     p.add_argument("--eval-batch-size", type=positive_int, help="rows per evaluation batch (default 64)")
+    add_training_flags(p, "finetune")
     add_common(p, device="auto")
     # None = not given: the recipe's value, else FinetuneArgs' default, applies
     p.set_defaults(device=None, mix=None, merge=None, label_all=None, scratch=None)

@@ -9,16 +9,20 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import add_common, apply_threads
+from lmforge.cli.common import add_common, add_training_flags, apply_threads, training_shortcuts
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
+    import yaml
+
     from lmforge.train.config import load_recipe
     from lmforge.workflows.pretrain import pretrain
 
     apply_threads(args)
-    shortcuts = [f"train.device={args.device}"] if args.device else []  # a flag wins over the recipe
-    recipe = load_recipe(args.config, [*args.overrides, *shortcuts])
+    recipe = load_recipe(args.config, [*args.overrides, *training_shortcuts(args)])
+    if args.print_config:
+        print(yaml.safe_dump(recipe, sort_keys=False), end="")
+        return 0
     out = Path(args.out or recipe.get("out") or Path("runs") / Path(args.config).stem)
     if args.quiet:
         recipe["train"]["progress"] = False
@@ -34,5 +38,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="recipe YAML (see configs/)")
     p.add_argument("--out", help="run directory (default: runs/<recipe name>)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. train.max_steps=100")
+    add_training_flags(p)
     add_common(p, device="auto", device_help="cpu | cuda | cuda:N | auto (default: the recipe's train.device)")
     p.set_defaults(handler=run_pretrain, device=None)

@@ -206,10 +206,10 @@ def prepare_corpus(
 ) -> dict:
     """Tokenize files into train/valid shards; return the manifest.
 
-    Validation documents are a seeded random ``val_fraction`` of the documents (at least one, when there
-    are two or more); with a single document, its last ``val_fraction`` of lines are held out instead.
-    ``val_fraction=0`` holds out nothing. ``line_breaks=False`` stores each line without its break and
-    without an end-of-text token closing the document: a corpus of independent sentences (translation pairs).
+    About ``val_fraction`` of the characters are held out for validation, whole documents where their
+    sizes allow, else the tail of each document (``held_out``). ``val_fraction=0`` holds out nothing.
+    ``line_breaks=False`` stores each line without its break and without an end-of-text token closing the
+    document: a corpus of independent sentences (translation pairs).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -219,12 +219,9 @@ def prepare_corpus(
     docs = [doc for p in paths for doc in iter_documents(p, doc_separator, field, errors) if doc]
     if not docs:
         raise LmforgeError(f"{', '.join(map(str, paths))}: no text found (empty corpus)")
-    single = len(docs) == 1
-    docs = _split_single_document(docs, val_fraction)
+    docs, is_val = held_out(docs, val_fraction, seed)
     all_lines = [line for doc in docs for line in doc]
     encoded = _encode_all(tokenizer, all_lines, workers, progress, line_breaks)
-
-    is_val = held_out(len(docs), single, val_fraction, seed)
     eos = getattr(tokenizer, "eos_id", None) if line_breaks else None  # ends each document (GPT-2's <|endoftext|>)
     splits = split_documents(docs, encoded, is_val, eos)
 
@@ -243,20 +240,53 @@ def prepare_corpus(
     return manifest
 
 
-def held_out(n_docs: int, single: bool, val_fraction: float, seed: int) -> np.ndarray:
-    """(n_docs,) bool: which documents are validation. A single document cut in two holds out its tail;
-    otherwise a seeded random ``val_fraction`` of the documents (at least one), none when it is 0.
+def held_out(docs: list[list[str]], val_fraction: float, seed: int) -> tuple[list[list[str]], np.ndarray]:
+    """(documents, which are validation): about ``val_fraction`` of the characters held out, whole documents
+    where they allow it.
 
-    >>> held_out(2, True, 0.1, 0).tolist(), int(held_out(4, False, 0.5, 0).sum())
-    ([False, True], 2)
+    1. a seeded random ``round(val_fraction · n)`` documents (at least one), when that holds out between half
+       and twice ``val_fraction`` of the characters;
+    2. else documents in seeded random order, each taken while the held-out share stays under 1.25 ·
+       ``val_fraction`` (few documents of uneven sizes);
+    3. else (one document, or documents all too large) the last ``val_fraction`` of every document's lines.
+
+    ``val_fraction=0`` holds out nothing.
+
+    >>> docs = [["a" * 10] * 9, ["b" * 10]]                       # 90 and 10 characters
+    >>> _, is_val = held_out(docs, 0.1, 0); is_val.tolist()        # rule 1 or 2: the small one
+    [False, True]
+    >>> parts, is_val = held_out([["x"] * 10], 0.2, 0)             # rule 3: the tail of the only document
+    >>> [len(p) for p in parts], is_val.tolist()
+    ([8, 2], [False, True])
     """
-    is_val = np.zeros(n_docs, dtype=bool)
-    if single and n_docs == 2:
-        is_val[1] = True
-    elif n_docs >= 2 and val_fraction > 0:
-        n_val = max(1, round(val_fraction * n_docs))
-        is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
-    return is_val
+    n = len(docs)
+    if val_fraction <= 0 or n == 0:
+        return docs, np.zeros(n, dtype=bool)
+    sizes = np.array([sum(len(line) + 1 for line in doc) for doc in docs], dtype=np.float64)
+    total = sizes.sum()
+    order = np.random.default_rng(seed).permutation(n)
+    is_val = np.zeros(n, dtype=bool)
+    if n >= 2:
+        is_val[order[:max(1, round(val_fraction * n))]] = True
+        share = sizes[is_val].sum() / total
+        if 0.5 * val_fraction <= share <= 2 * val_fraction:
+            return docs, is_val
+        is_val[:] = False
+        held = 0.0
+        for i in order:
+            if (held + sizes[i]) / total <= 1.25 * val_fraction:
+                is_val[i], held = True, held + sizes[i]
+        if is_val.any() and held / total >= 0.5 * val_fraction:
+            return docs, is_val
+    parts: list[list[str]] = []
+    for doc in docs:  # rule 3: every document's tail
+        if len(doc) < 2:
+            parts.append(doc)
+            continue
+        cut = len(doc) - max(1, round(val_fraction * len(doc)))
+        parts += [doc[:cut], doc[cut:]]
+    flags = [k % 2 == 1 for doc in docs for k in range(2 if len(doc) >= 2 else 1)]
+    return parts, np.array(flags, dtype=bool)
 
 
 def split_documents(docs: list[list[str]], encoded: list[list[int]], is_val: np.ndarray, eos: int | None
@@ -275,13 +305,6 @@ def split_documents(docs: list[list[str]], encoded: list[list[int]], is_val: np.
         split.doc_lines.append(len(doc))
         position += len(doc)
     return splits
-
-
-def _split_single_document(docs: list[list[str]], val_fraction: float) -> list[list[str]]:
-    if len(docs) != 1 or len(docs[0]) < 2 or val_fraction <= 0:
-        return docs
-    cut = len(docs[0]) - max(1, round(val_fraction * len(docs[0])))
-    return [docs[0][:cut], docs[0][cut:]]
 
 
 def _encode_all(tokenizer, lines: list[str], workers: int | None, progress: bool,

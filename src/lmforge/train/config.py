@@ -60,7 +60,7 @@ class TrainConfig:
     keep_last: int = 3  # checkpoints kept on disk (0 = keep all)
     log_every: int = 10
     progress: bool = True  # tqdm bar on standard error
-    tensorboard: bool = True  # when the tensorboard package is installed
+    tensorboard: bool = False  # TensorBoard event files (needs the tensorboard package: lmforge[tensorboard])
     plot: bool = True  # run_dir/loss.png at each evaluation and at the end
     # execution
     precision: Precision = "fp32"

@@ -163,7 +163,8 @@ def train_config(args: FinetuneArgs, steps: int):
     return TrainConfig(lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
                        warmup_steps=int(args.warmup * steps), max_steps=steps, schedule="linear",
                        batch_size=args.batch_size, save_every=0, keep_last=1, log_every=max(1, steps // 20),
-                       progress=args.progress, tensorboard=False, seed=args.seed, device=args.device)
+                       progress=args.progress, tensorboard=False, seed=args.seed, device=args.device,
+                       precision=args.precision, compile=args.compile)
 
 
 def finetune(args: FinetuneArgs) -> dict[str, Any]:

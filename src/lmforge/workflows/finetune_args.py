@@ -54,6 +54,8 @@ class FinetuneArgs:
     arch: str = "transformer"  # "cnn": train a fresh SentenceCNN with --model's tokenizer instead
     eval_batch_size: int = 64
     device: str = "auto"
+    precision: str = "fp32"  # autocast: fp32 | bf16 | fp16
+    compile: bool = False  # torch.compile the model
     progress: bool = True
     keep_checkpoints: bool = False
 

@@ -51,6 +51,7 @@ class DataSection:
     eval_batches: int = 8  # validation batches of eval_batch_size rows, fixed for the whole run
     eval_batch_size: int = 16
     workers: int | None = None
+    prepared: str | None = None  # a `lmforge data prepare` output to train on instead of preparing files
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DataSection:
@@ -61,8 +62,10 @@ class DataSection:
         section = cls(**d)
         if section.objective not in OBJECTIVES:
             raise LmforgeError(f"data.objective: {section.objective!r} is not one of {', '.join(OBJECTIVES)}")
-        if not section.files:
-            raise LmforgeError("data.files: give at least one file (or the name 'shakespeare')")
+        if not section.files and not section.prepared:
+            raise LmforgeError("data.files: give at least one file (or the name 'shakespeare'), or data.prepared")
+        if section.prepared and section.objective == "seq2seq":
+            raise LmforgeError("data.prepared: seq2seq reads source<TAB>target files (data.files), not shards")
         return section
 
 
@@ -88,6 +91,9 @@ def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objecti
         return load_tokenizer(saved)
     if "path" in section:
         tokenizer = load_tokenizer(section["path"])
+    elif not files:
+        raise LmforgeError("tokenizer.path: with data.prepared and no data.files, give the tokenizer the shards "
+                           "were prepared with")
     else:
         kind = section.get("kind", "wordpiece" if objective.startswith("mlm") else "byte-bpe")
         if kind not in KINDS:
@@ -103,7 +109,15 @@ def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objecti
 
 # -- corpus ------------------------------------------------------------------------------------------------
 def get_corpus(data: DataSection, files: list[Path], tokenizer, out: Path) -> Path:
-    """Prepare out/corpus once (reused on resume, rebuilt if the tokenizer changed)."""
+    """Prepare out/corpus once (reused on resume, rebuilt if the tokenizer changed), or use data.prepared."""
+    if data.prepared:
+        prepared = Path(data.prepared)
+        if not (prepared / MANIFEST).is_file():
+            raise LmforgeError(f"data.prepared: {prepared} holds no {MANIFEST} (make it with lmforge data prepare)")
+        if not _prepared(prepared, tokenizer):
+            raise LmforgeError(f"data.prepared: {prepared} was tokenized with another tokenizer than this run's; "
+                               "set tokenizer.path to the directory given to lmforge data prepare --tokenizer")
+        return prepared
     corpus = out / "corpus"
     if _prepared(corpus, tokenizer):
         return corpus
@@ -222,6 +236,10 @@ def pretrain(recipe: dict[str, Any], out: str | Path):
     source = build_source(data, tokenizer, out, files, config.batch_size, config.seed)
     seed_everything(config.seed)
     model = build_pretraining_model(recipe.get("model") or {}, tokenizer, data.objective)
+    window = getattr(model.config, "max_positions", None)
+    if window is not None and data.seq_len > window:
+        raise LmforgeError(f"data.seq_len: {data.seq_len} is longer than model.max_positions {window}: lower "
+                           f"data.seq_len or raise model.max_positions")
     resolved = {**recipe, "model": {**(recipe.get("model") or {}), "resolved": model.config.to_dict()}}
     result = Trainer(model, source, config, out, recipe=resolved).fit()
     model_dir = out / "model"
