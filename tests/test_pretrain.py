@@ -114,7 +114,7 @@ def test_a_recipe_trains_on_data_prepare_output(tmp_path, text_files, capsys):
     capsys.readouterr()
     r["tokenizer"] = {"path": str(tok)}
     r["data"]["prepared"] = str(tmp_path / "shards")
-    result, model_dir = pretrain(r, tmp_path / "run")
+    result, _ = pretrain(r, tmp_path / "run")
     assert result.step == 6 and not (tmp_path / "run" / "corpus").exists()
     other = tmp_path / "other"
     assert main(["tokenizer", "train", "--kind", "byte-bpe", "--vocab-size", "280", "--out", str(other), *text_files,
