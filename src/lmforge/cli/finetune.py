@@ -55,11 +55,26 @@ def run_finetune(args) -> int:
 
 
 def run_evaluate(args) -> int:
+    from lmforge import load
     from lmforge.data.tasks import read_task
+    from lmforge.models.interfaces import generates_text
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import evaluate_model, load_finetuned
 
     apply_threads(args)
+    model, tok = load(args.model, device=args.device)
+    if generates_text(model) and "Classification" not in type(model).__name__:  # a language model: perplexity
+        from lmforge.files import read_text_utf8
+        from lmforge.workflows.perplexity import perplexity
+
+        if tok is None:
+            raise LmforgeError(f"--model: {args.model} has no tokenizer file (tokenizer.json)")
+        report = perplexity(model, tok, read_text_utf8(args.data, "text file"), stride=args.stride,
+                            batch_size=args.batch_size)
+        print(f"perplexity {report['perplexity']:.3f} per token, {report['bits_per_character']:.4f} bits per "
+              f"character over {report['characters']:,} characters", file=sys.stderr)
+        print(json.dumps({"model": args.model, "data": args.data, **report}))
+        return 0
     model, tok, info = load_finetuned(args.model, args.device)
     examples = read_task(info["task"], args.data)
     max_len = min(int(info.get("max_len") or 512), model.config.max_positions)
@@ -130,11 +145,16 @@ def add_commands(sub) -> None:
     p.add_argument("--keep-checkpoints", action="store_true", default=None)
     p.set_defaults(handler=run_finetune)
 
-    e = sub.add_parser("evaluate", help="metrics of a fine-tuned model on a labeled file (JSON)",
-                       description="Accuracy, macro-F1, per-class report and confusion matrix (token accuracy "
-                                   "and BIO chunk F1 for tagging) as one JSON object.")
-    e.add_argument("--model", required=True, help="a directory written by lmforge finetune (or a HF classifier)")
-    e.add_argument("--data", required=True, help="labeled file in the training format")
+    e = sub.add_parser("evaluate", help="metrics of a classifier on a labeled file, or a language model's "
+                                        "perplexity on a text file (JSON)",
+                       description="A classifier: accuracy, macro-F1, per-class report and confusion matrix (token "
+                                   "accuracy and BIO chunk F1 for tagging). A language model (GPT): perplexity, "
+                                   "bits per character and per byte of a text file, scored in sliding windows. "
+                                   "One JSON object on standard output.")
+    e.add_argument("--model", required=True, help="a fine-tuned classifier, or a language model directory")
+    e.add_argument("--data", required=True, help="labeled file in the training format, or a text file (LM)")
+    e.add_argument("--stride", type=positive_int, metavar="N",
+                   help="LM: tokens each window moves on (default half the context)")
     e.add_argument("--batch-size", type=positive_int, default=64)
     e.add_argument("--png", help="also write the confusion matrix to this PNG")
     add_common(e, device="cpu")

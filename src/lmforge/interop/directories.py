@@ -146,7 +146,7 @@ def load_finetuned(path: str | Path, device: str | None = None) -> tuple[nn.Modu
         data = read_json(folder / "config.json")
         kind = type(model).__name__
         if "Classification" not in kind:
-            raise LmforgeError(f"{folder}: a {kind} has no classification head; fine-tune it first "
+            raise LmforgeError(f"{folder}: the {kind} in it has no classification head; fine-tune it first "
                                "(lmforge finetune --model DIR ...)")
         id2label = data.get("id2label") or {}
         names = data.get("labels") or [id2label.get(str(i), f"LABEL_{i}") for i in range(model.num_labels)]
