@@ -179,3 +179,33 @@ def test_recipe_overrides_and_flags_reach_every_field(base, tmp_path, capsys):
     code, _, err = cli(capsys, "finetune", "--config", str(recipe))
     assert code == 2
     assert err.strip() == "lmforge: error: --model: required (as a flag or as finetune.model in the recipe)"
+
+
+def test_adapters_travel_with_their_base_and_refuse_another(base, tmp_path):
+    """The base model is recorded as given plus its place relative to the adapter and its weights' sha256:
+    moving both together still loads; a missing base names adapter_config.json; a different base is refused."""
+    import shutil
+
+    from lmforge.models import EncoderForPreTraining, get_preset, save_pretrained
+    from lmforge.tokenizers import load_tokenizer
+
+    project = tmp_path / "project"
+    shutil.copytree(base / "base", project / "base")
+    finetune(FinetuneArgs(model=str(project / "base"), task="seq-cls", train=str(base / "train.csv"),
+                          strategy="lora", out=str(project / "lora"), max_steps=2, batch_size=8, progress=False))
+    meta = json.loads((project / "lora" / "adapter_config.json").read_text())
+    assert meta["base_model"] == str(project / "base") and meta["base_model_relative"] == "../base"
+    expected = load_finetuned(project / "lora")[0]
+    moved = tmp_path / "elsewhere"
+    shutil.move(project, moved)  # the recorded absolute path is gone; the relative one still holds
+    model, _, _ = load_finetuned(moved / "lora")
+    x = torch.tensor([[2, 5, 6, 7, 3]])
+    assert torch.equal(model(x).logits, expected(x).logits)
+    shutil.rmtree(moved / "base")
+    with pytest.raises(LmforgeError, match=r"lora/adapter_config.json: base_model .* not found"):
+        load_finetuned(moved / "lora")
+    tok = load_tokenizer(base / "base")
+    torch.manual_seed(1)
+    save_pretrained(EncoderForPreTraining(get_preset("bert-tiny", vocab_size=tok.vocab_size)), moved / "base", tok)
+    with pytest.raises(LmforgeError, match=r"not the one this adapter was trained on"):
+        load_finetuned(moved / "lora")

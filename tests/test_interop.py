@@ -313,3 +313,20 @@ def test_classifiers_both_ways(tmp_path, kind, num_labels):
     with torch.no_grad():
         assert max_diff(hf(x).logits, model(x).logits) < 1e-5
         assert torch.equal(back(x).logits, model(x).logits)
+
+
+def test_a_fine_tuned_classifier_keeps_its_label_names_in_hugging_face(tmp_path, capsys):
+    """convert --to-hf writes id2label/label2id from the directory's labels; transformers and lmforge read them."""
+    from lmforge.interop.directories import load_finetuned
+    from lmforge.models import EncoderForSequenceClassification, save_pretrained
+
+    model = EncoderForSequenceClassification(get_preset("bert-tiny"), num_labels=3).eval()
+    labels = ["negative", "neutral", "positive"]
+    save_pretrained(model, tmp_path / "cls", extra={"task": "seq-cls", "labels": labels})
+    assert main(["convert", "--to-hf", str(tmp_path / "cls"), "--out", str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
+    assert [hf.config.id2label[i] for i in range(3)] == labels and hf.config.label2id["positive"] == 2
+    (tmp_path / "hf" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) + "\n")
+    _, _, info = load_finetuned(tmp_path / "hf")
+    assert info["labels"] == labels

@@ -74,3 +74,14 @@ def read_text_utf8(path: str | os.PathLike, what: str = "file") -> str:
         line = data.count(b"\n", 0, err.start) + 1
         raise LmforgeError(f"{path}:{line}: invalid UTF-8 at byte offset {err.start} (a {what} must be UTF-8 "
                            "text)") from None
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file, read in chunks (a 400 MB checkpoint takes about a second)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -79,7 +79,8 @@ def config_from_hf(hf: dict[str, Any], source: str) -> EncoderConfig:
     return config
 
 
-def config_to_hf(c: EncoderConfig, architecture: str, num_labels: int | None = None) -> dict[str, Any]:
+def config_to_hf(c: EncoderConfig, architecture: str, num_labels: int | None = None,
+                 labels: list[str] | None = None) -> dict[str, Any]:
     hf_arch = {v: k for k, v in ARCHITECTURES.items() if k != "BertForMaskedLM"}[architecture]
     d = {
         "architectures": [hf_arch], "model_type": "bert", "vocab_size": c.vocab_size, "hidden_size": c.d_model,
@@ -90,8 +91,9 @@ def config_to_hf(c: EncoderConfig, architecture: str, num_labels: int | None = N
         "position_embedding_type": "absolute", "initializer_range": 0.02, "tie_word_embeddings": True,
     }
     if num_labels:
-        d["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        d["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        names = list(labels) if labels and len(labels) == num_labels else [f"LABEL_{i}" for i in range(num_labels)]
+        d["id2label"] = {str(i): name for i, name in enumerate(names)}  # the fine-tuned label names travel
+        d["label2id"] = {name: i for i, name in enumerate(names)}
     return d
 
 

@@ -83,6 +83,36 @@ def build_task_model(model_dir: str | Path, task: str, num_labels: int, tokenize
     return model, load_tokenizer_for(model_dir, backbone_config(model), tokenizer_dir)
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def weights_sha256(model_dir: Path) -> str | None:
+    """sha256 of a model directory's weights file: what an adapter was trained on top of."""
+    from lmforge.files import sha256_file
+
+    found = next((model_dir / n for n in WEIGHT_FILES if (model_dir / n).is_file()), None)
+    return sha256_file(found) if found else None
+
+
+def find_base_model(folder: Path, info: dict[str, Any]) -> Path:
+    """The base model an adapter directory names: as given (absolute, or relative to the working directory),
+    else relative to the adapter directory (both moved together); checked against its recorded sha256."""
+    given = Path(info["base_model"])
+    candidates = [given]
+    if "base_model_relative" in info or not given.is_absolute():
+        candidates.append(folder / info.get("base_model_relative", given))
+    base = next((c for c in candidates if (c / "config.json").is_file()), None)
+    if base is None:
+        tried = " or ".join(str(c) for c in candidates)
+        raise LmforgeError(f"{folder / ADAPTER_CONFIG}: base_model {str(given)!r} not found (tried {tried}); put "
+                           "the base model there or edit base_model in that file")
+    expected = info.get("base_model_sha256")
+    if expected and weights_sha256(base) != expected:
+        raise LmforgeError(f"{folder / ADAPTER_CONFIG}: the base model at {base} is not the one this adapter was "
+                           "trained on (its weights' sha256 differs)")
+    return base
+
+
 def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any], merge: bool = False) -> int:
     """Write a fine-tuned model into ``out``; returns the checkpoint's size in bytes.
 
@@ -100,7 +130,9 @@ def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any],
     if not merge and (info["strategy"] in ("lora", "adapter") or info["mix"]):
         save_weights(trainable_state_dict(model), out / ADAPTER_FILE)
         base = Path(info["base_model"])
-        meta = {"format": "lmforge-adapter", "version": 1, **info, "base_model": str(base.resolve())}
+        meta = {"format": "lmforge-adapter", "version": 2, **info, "base_model": str(info["base_model"]),
+                "base_model_relative": os.path.relpath(base.resolve(), out.resolve()),
+                "base_model_sha256": weights_sha256(base)}
         write_text_atomic(out / ADAPTER_CONFIG, json.dumps(meta, indent=1) + "\n")
         tokenizer.save(out)
         return (out / ADAPTER_FILE).stat().st_size
@@ -130,7 +162,8 @@ def load_finetuned(path: str | Path, device: str | None = None) -> tuple[nn.Modu
                             lora_alpha=lora.get("alpha", 16.0), lora_targets=lora.get("targets", list(LORA_TARGETS)),
                             adapter_size=adapter.get("size", 64))
         tok_dir = folder if (folder / "tokenizer.json").is_file() else None
-        model, tok = build_task_model(info["base_model"], info["task"], len(info["labels"]), tok_dir)
+        base = find_base_model(folder, info)
+        model, tok = build_task_model(base, info["task"], len(info["labels"]), tok_dir)
         model = apply_strategy(model, spec)
         tensors = read_weights(folder / ADAPTER_FILE)
         trained = {n for n, p in model.named_parameters() if p.requires_grad}

@@ -171,7 +171,8 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
     state = state_dict_untied(model)
     arch = type(model).__name__
     if isinstance(config, EncoderConfig):
-        hf_config = bert.config_to_hf(config, arch, getattr(model, "num_labels", None))
+        labels = None if isinstance(path, nn.Module) else read_json(Path(path) / "config.json").get("labels")
+        hf_config = bert.config_to_hf(config, arch, getattr(model, "num_labels", None), labels)
         tensors = bert.weights_to_hf(state, config.n_layers, "" if arch == "Encoder" else "encoder.")
         if arch == "EncoderForTokenClassification":  # BertForTokenClassification has no pooler
             tensors = {k: v for k, v in tensors.items() if not k.startswith("bert.pooler.")}
