@@ -209,3 +209,28 @@ def test_adapters_travel_with_their_base_and_refuse_another(base, tmp_path):
     save_pretrained(EncoderForPreTraining(get_preset("bert-tiny", vocab_size=tok.vocab_size)), moved / "base", tok)
     with pytest.raises(LmforgeError, match=r"not the one this adapter was trained on"):
         load_finetuned(moved / "lora")
+
+
+def test_lora_exports_to_peft_and_merged(base, tmp_path, capsys):
+    """PEFT is the oracle: PeftModel.from_pretrained on the exported adapter gives lmforge's logits; --merge
+    gives a plain directory that predicts the same."""
+    peft = pytest.importorskip("peft", reason="peft is in the dev extra; install lmforge[dev]")
+    import transformers
+
+    finetune(FinetuneArgs(model=str(base / "base"), task="seq-cls", train=str(base / "train.csv"), strategy="lora",
+                          out=str(tmp_path / "lora"), max_steps=3, batch_size=8, lr=5e-3, progress=False))
+    ours, tok, info = load_finetuned(tmp_path / "lora")
+    assert main(["convert", "--to-peft", str(tmp_path / "lora"), "--out", str(tmp_path / "peft")]) == 0
+    assert main(["convert", "--merge", str(tmp_path / "lora"), "--out", str(tmp_path / "merged")]) == 0
+    capsys.readouterr()
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "peft" / "base")
+    model = peft.PeftModel.from_pretrained(hf, tmp_path / "peft").eval()
+    assert hf.config.id2label == dict(enumerate(info["labels"]))
+    ids = torch.tensor([tok.encode("it may rain today").ids])
+    with torch.no_grad():
+        without = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "peft" / "base").eval()
+        assert (without(input_ids=ids).logits - ours(ids).logits).abs().max() > 1e-4  # LoRA changed something
+        assert (model(input_ids=ids).logits - ours(ids).logits).abs().max() < 1e-5
+        merged, _, merged_info = load_finetuned(tmp_path / "merged")
+        assert (merged(ids).logits - ours(ids).logits).abs().max() < 1e-5
+    assert merged_info["labels"] == info["labels"] and not (tmp_path / "merged" / "adapter_config.json").exists()
