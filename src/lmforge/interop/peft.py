@@ -3,7 +3,8 @@
 lmforge puts LoRA on the fused attention projection W_qkv (3D, D) and on W_o. PEFT on BERT puts it on the
 separate ``query``, ``key``, ``value`` and ``attention.output.dense`` layers. The update maps exactly:
 
-    ΔW_qkv = (α / r) B A,  B (3D, r)   →   ΔW_q = (α / r) B[0:D] A,  ΔW_k = (α / r) B[D:2D] A,  ΔW_v = (α / r) B[2D:3D] A
+    ΔW_qkv = (α / r) B A,  B (3D, r)   →   ΔW_q = (α / r) B[0:D] A,  ΔW_k = (α / r) B[D:2D] A,
+                                           ΔW_v = (α / r) B[2D:3D] A
 
 (the three share A; PEFT's scaling is also α / r). The trained head is PEFT's ``modules_to_save``
 (``classifier``). The base goes with the adapter as a transformers directory (``base/``), so::
