@@ -15,11 +15,12 @@ from lmforge.cli.common import add_common, add_training_flags, apply_threads, tr
 def run_pretrain(args: argparse.Namespace) -> int:
     import yaml
 
-    from lmforge.train.config import load_recipe
-    from lmforge.workflows.pretrain import pretrain
+    from lmforge.train.config import TrainConfig, load_recipe
+    from lmforge.workflows.pretrain import DataSection, pretrain
 
     apply_threads(args)
-    recipe = load_recipe(args.config, [*args.overrides, *training_shortcuts(args)])
+    schemas = {"train": TrainConfig, "data": DataSection, "tokenizer": dict}  # overrides may add keys there
+    recipe = load_recipe(args.config, [*args.overrides, *training_shortcuts(args)], schemas)
     if args.print_config:
         print(yaml.safe_dump(recipe, sort_keys=False), end="")
         return 0

