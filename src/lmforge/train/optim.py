@@ -198,7 +198,7 @@ def hidden_matrices(model: nn.Module) -> dict[int, tuple[int, ...] | None]:
     for layer in (m for m in model.modules() if isinstance(m, TransformerLayer)):
         for m in layer.modules():
             if isinstance(m, nn.Linear):
-                splits[id(m.weight)] = None
+                splits.setdefault(id(m.weight), None)  # a stacked weight keeps the splits set by its owner
             if isinstance(m, MultiHeadAttention):
                 qk, v = m.n_heads * m.d_qk, m.n_heads * m.d_v
                 if m.cross:
