@@ -88,26 +88,27 @@ def load_results() -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def save_results(results: dict) -> None:
+def update_results(key: str, value: dict) -> None:
+    """Set one section of runs/modern/results.json, re-reading the file (the other section may be running)."""
+    results = load_results() | {key: value}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 # -- side by side ---------------------------------------------------------------------------------------------------
 def side_by_side(rounds: int, threads: int) -> None:
-    results = load_results()
     runs = []
     for r in range(rounds):
-        for name, config in (("baseline", BASELINE), ("modern", MODERN)):
+        # an evaluation every ~5 s of training for both: 100 baseline steps, 50 modern (twice the batch, Muon)
+        for name, config, every in (("baseline", BASELINE, 100), ("modern", MODERN, 50)):
             out = OUT / f"side-{name}-{r}"
             subprocess.run(["rm", "-rf", str(out)], check=True)
-            run = pretrain(config, out, ["train.eval_every=100"], threads)
+            run = pretrain(config, out, [f"train.eval_every={every}"], threads)
             run |= {"recipe": name, "round": r}
             runs.append(run)
             print(f"{name} round {r}: wall {run['wall_s']} s, final {run['evals'][-1][2]:.4f}, reaches {TARGET} "
                   f"at {first_reach(run['evals'], TARGET)} s of training", flush=True)
-    results["side_by_side"] = {"threads": threads, "runs": runs}
-    save_results(results)
+    update_results("side_by_side", {"threads": threads, "runs": runs})
 
 
 # -- ablation --------------------------------------------------------------------------------------------------------
@@ -118,21 +119,25 @@ def recipe_train(config: str) -> dict:
 
 
 def ablation(seeds: int, steps: int, threads: int, parallel: int) -> None:
-    """Each cumulative variant for ``steps`` steps (the baseline's schedule shrunk to fit) and each seed."""
+    """Each cumulative variant for ``steps`` steps (the baseline's schedule shrunk to fit) and each seed; then
+    the recipe as configured (batch 24) for as many characters."""
     modern = recipe_train(MODERN)
     warmup = max(1, steps // 20)
     common = [f"train.max_steps={steps}", f"train.warmup_steps={warmup}", f"train.eval_every={steps // 10}",
               "train.save_every=0"]
     variants, acc = [], []
-    for label, changes in STEPS:
+    for i, (label, changes) in enumerate(STEPS):
         acc = acc + [c.format(**modern) for c in changes]
-        variants.append((label, BASELINE, list(acc)))
-    full_warmup = min(modern["warmup_steps"], warmup)
-    variants.append(("full recipe (gpt-modern-cpu.yaml)", MODERN, [f"train.warmup_steps={full_warmup}"]))
+        variants.append((label, variant_recipe(i, acc), [c for c in acc if c.startswith("train.")]))
+    # the recipe itself: twice the batch, so half the steps for the same characters as every row above
+    full = steps * recipe_train(BASELINE)["batch_size"] // modern["batch_size"]
+    full_warmup = max(1, modern["warmup_steps"] * full // modern["max_steps"])
+    shorten = [f"train.max_steps={full}", f"train.warmup_steps={full_warmup}", f"train.eval_every={full // 10}"]
+    variants.append((f"+ batch {modern['batch_size']}, {full} steps (gpt-modern-cpu.yaml)", MODERN, shorten))
     jobs = [(i, label, config, overrides, seed) for seed in range(seeds)
             for i, (label, config, overrides) in enumerate(variants)]
-    results = load_results()
-    done = {(r["variant"], r["seed"]): r for r in results.get("ablation", {}).get("runs", [])}
+    section = load_results().get("ablation", {})
+    done = {(r["variant"], r["seed"]): r for r in section.get("runs", [])}
     pending = [j for j in jobs if (j[1], j[4]) not in done]
     running: list[tuple[subprocess.Popen, tuple]] = []
     while pending or running:  # ``parallel`` runs at a time, each with ``threads`` threads
@@ -152,11 +157,27 @@ def ablation(seeds: int, steps: int, threads: int, parallel: int) -> None:
             done[(label, seed)] = {"variant": label, "index": i, "seed": seed, "config": config,
                                    "overrides": overrides, "evals": evals}
             print(f"{label} seed {seed}: {evals[-1][2]:.4f}", flush=True)
-            results["ablation"] = {"steps": steps, "threads": threads, "runs": sorted(
-                done.values(), key=lambda r: (r["index"], r["seed"]))}
-            save_results(results)
-    results["ablation"]["step_ms"] = step_times([(label, config, ov) for label, config, ov in variants], threads)
-    save_results(results)
+            section = {"steps": steps, "threads": threads,
+                       "runs": sorted(done.values(), key=lambda r: (r["index"], r["seed"]))}
+            update_results("ablation", section)
+    section["step_ms"] = step_times(variants, threads)
+    update_results("ablation", section)
+
+
+def variant_recipe(index: int, changes: list[str]) -> str:
+    """The baseline recipe with the ``model.*`` changes written in (an override may only set a key the recipe
+    has), saved under runs/modern/; ``train.*`` changes stay overrides."""
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / BASELINE).read_text())
+    for change in changes:
+        key, value = change.split("=", 1)
+        if key.startswith("model."):
+            recipe["model"][key.removeprefix("model.")] = yaml.safe_load(value)
+    path = OUT / "recipes" / f"ablation-{index:02d}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return str(path)
 
 
 def run_dir(index: int, seed: int) -> Path:

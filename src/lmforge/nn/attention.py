@@ -19,7 +19,7 @@ zero output on both paths.
 
 QK-norm (``qk_norm=True``; Dehghani et al. 2023, Wortsman et al. 2023, the nanoGPT speedrun) puts an
 RMSNorm over each head's queries and keys before the dot product, q ← RMSNorm(q), k ← RMSNorm(k), so
-|q · k| <= g_q · g_k · d_qk whatever the weights grow to: the attention logits cannot blow up and
+|q · k| <= max|g_q| · max|g_k| · d_qk whatever the weights grow to: the attention logits cannot blow up and
 saturate the softmax, which lets a model train at higher learning rates. With rotary positions the norm
 comes first, then the rotation (a rotation keeps the norm).
 """
