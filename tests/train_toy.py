@@ -91,6 +91,15 @@ class ToySource:
         return [ToySource(4, self.seq_len, self.seed).batch(-1 - i, 0) for i in range(2)]
 
 
+def toy_decoder() -> nn.Module:
+    """A one-layer modern lmforge Decoder on the toy vocabulary: a model Muon has matrices to train."""
+    from lmforge.models import Decoder, get_preset
+
+    return Decoder(get_preset("gpt-tiny", vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                              max_positions=16, dropout=0.0, attention_dropout=0.0, norm="rmsnorm",
+                              positions="rotary", qk_norm=True, activation="relu2", tie_embeddings=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -102,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--fsdp-out", help="then train again with FSDP into this directory (same processes)")
+    p.add_argument("--optimizer", default="adamw", help="adamw | muon (muon trains toy_decoder, not ToyLM)")
     args = p.parse_args(argv)
     runs = [(args.out, args.fsdp)] + ([(args.fsdp_out, True)] if args.fsdp_out else [])
     env = D.detect()
@@ -109,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for out, fsdp in runs:
             torch.manual_seed(0)
-            model = ToyLM(dropout=args.dropout)
+            model = toy_decoder() if args.optimizer == "muon" else ToyLM(dropout=args.dropout)
             config = TrainConfig(lr=1e-2, warmup_steps=2, max_steps=args.steps, batch_size=args.batch_size,
                                  grad_accum=args.grad_accum, save_every=args.save_every,
                                  eval_every=args.eval_every, log_every=1, keep_last=2, progress=False,
-                                 plot=False, fsdp=fsdp)
+                                 plot=False, fsdp=fsdp, optimizer=args.optimizer)
             result = train(model, ToySource(args.batch_size), config, out)
             if env.is_main:
                 print(json.dumps({"loss": result.loss, "step": result.step, "resumed_from": result.resumed_from}))

@@ -61,6 +61,10 @@ def config_from_hf(hf: dict[str, Any], source: str) -> DecoderConfig:
 
 
 def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
+    changed = c.non_gpt2_settings()
+    if changed:  # GPT2LMHeadModel has no place for them: refuse rather than write a model that computes otherwise
+        raise LmforgeError(f"cannot export to Hugging Face GPT-2: this Decoder uses non-GPT-2 settings "
+                           f"({', '.join(changed)}); only the GPT-2 switches export")
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": c.vocab_size,
         "n_embd": c.d_model, "n_layer": c.n_layers, "n_head": c.n_heads, "n_inner": c.d_ff,

@@ -22,7 +22,8 @@ def init_weights(module: nn.Module, std: float = 0.02) -> None:
             nn.init.normal_(m.weight, mean=0.0, std=std)
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
 
 
 def check_length(length: int, max_positions: int, what: str = "input") -> None:

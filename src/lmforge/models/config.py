@@ -1,7 +1,8 @@
 """Model configurations: one dataclass per architecture, saved as ``config.json`` in a model directory.
 
     EncoderConfig   BERT (Devlin et al. 2018): bidirectional, post-LN, GELU, learned positions, segments
-    DecoderConfig   GPT-2 (Radford et al. 2019): causal, pre-LN, tanh-GELU, learned positions, tied head
+    DecoderConfig   GPT-2 (Radford et al. 2019): causal, pre-LN, tanh-GELU, learned positions, tied head;
+                    switches for the modern recipe (RMSNorm, rotary, QK-norm, ReLU²/SwiGLU, ...: docs/modern.md)
     Seq2SeqConfig   Transformer (Vaswani et al. 2017): encoder-decoder, post-LN, ReLU, sinusoidal positions
     RNNSeq2SeqConfig  BiLSTM encoder + LSTM decoder with additive / multiplicative attention (Bahdanau, Luong)
     BiLMConfig, CNNConfig, GridCaptionerConfig, DualEncoderConfig: in their model files (elmo.py, cnn.py,
@@ -97,7 +98,18 @@ class EncoderConfig(ConfigMixin):
 
 @dataclass
 class DecoderConfig(ConfigMixin):
-    """GPT-2: token + learned positions, pre-LN tanh-GELU layers, a final LayerNorm, the LM head tied."""
+    """GPT-2: token + learned positions, pre-LN tanh-GELU layers, a final LayerNorm, the LM head tied.
+
+    The defaults are GPT-2 exactly. The switches of the modern recipe (docs/modern.md):
+        norm                   layernorm | rmsnorm              every norm of the model, the final one too
+        positions              learned | rotary                 added table P, or q and k rotated per head
+        qk_norm                RMSNorm of each head's q and k before the dot product
+        activation             gelu_tanh | relu | gelu | relu2 | swiglu
+        bias                   biases on projections and norms (False: none anywhere)
+        tie_embeddings         LM head = token embedding matrix (False: a separate W_out)
+        logit_softcap          c: logits = c · tanh(logits / c) (None: off)
+        zero_init_projections  attention and FFN output projections (and an untied head) start at 0
+    """
 
     vocab_size: int
     d_model: int = 768
@@ -113,7 +125,39 @@ class DecoderConfig(ConfigMixin):
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
+    norm: str = "layernorm"
+    positions: str = "learned"
+    qk_norm: bool = False
+    bias: bool = True
+    logit_softcap: float | None = None
+    zero_init_projections: bool = False
     kind: str = field(default="decoder")
+
+    def validate(self, source: str = "config") -> None:
+        if self.d_model % self.n_heads:
+            raise LmforgeError(f"{source}: d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        choices = {"activation": ("gelu_tanh", "relu", "gelu", "relu2", "swiglu"),
+                   "norm": ("layernorm", "rmsnorm"), "positions": ("learned", "rotary")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise LmforgeError(f"{source}: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        d_head = self.d_model // self.n_heads
+        if self.positions == "rotary" and d_head % 2:
+            raise LmforgeError(f"{source}: rotary positions need an even head width, got {d_head}")
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise LmforgeError(f"{source}: logit_softcap must be a positive number or null, got {self.logit_softcap!r}")
+
+    def is_gpt2(self) -> bool:
+        """True when every switch is at GPT-2's setting (what Hugging Face's GPT2LMHeadModel can hold)."""
+        return not self.non_gpt2_settings()
+
+    def non_gpt2_settings(self) -> list[str]:
+        """The switches set away from GPT-2, as ``name=value`` (zero-init is only an initialisation: not listed)."""
+        gpt2 = {"norm": "layernorm", "positions": "learned", "qk_norm": False, "bias": True, "logit_softcap": None}
+        changed = [f"{k}={getattr(self, k)}" for k, v in gpt2.items() if getattr(self, k) != v]
+        if self.activation in ("relu2", "swiglu"):
+            changed.append(f"activation={self.activation}")
+        return changed
 
 
 @dataclass

@@ -7,7 +7,7 @@ source once and then decodes target tokens against it, with per-layer caches for
     caches = model.new_caches(batch, max_len, memory_len)                 # preallocated / per-layer state
     logits = model.decode(tgt_ids, memory, src_mask, tgt_mask, caches).logits   # (B, T, V)
 
-``lmforge.generate`` drives every model that satisfies it, and a decoder-only model (GPT) the same way
+``lmforge.generation`` drives every model that satisfies it, and a decoder-only model (GPT) the same way
 through its own ``new_caches``. ``is_encoder_decoder(model)`` is the one test the code uses.
 """
 

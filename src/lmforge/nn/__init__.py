@@ -5,6 +5,7 @@ from lmforge.nn.attention2d import SpatialSelfAttention, Transformer2D, Transfor
 from lmforge.nn.cache import KVCache
 from lmforge.nn.layers import FeedForward, LayerCache, LayerOutput, TransformerLayer, activation_fn
 from lmforge.nn.lstm import LSTM, LSTMCell, LSTMOutput
+from lmforge.nn.norms import RMSNorm, make_norm
 from lmforge.nn.positions import (
     LearnedPositions,
     RotaryEmbedding,
@@ -27,6 +28,7 @@ __all__ = [
     "LearnedPositions",
     "MultiHeadAttention",
     "MultiplicativeAttention",
+    "RMSNorm",
     "RotaryEmbedding",
     "SinusoidalPositions",
     "SpatialSelfAttention",
@@ -36,6 +38,7 @@ __all__ = [
     "activation_fn",
     "attention_scores_softmax",
     "causal_mask",
+    "make_norm",
     "scale_embedding",
     "sinusoidal_positions_2d",
     "sinusoidal_table",

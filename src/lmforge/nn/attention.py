@@ -16,6 +16,12 @@ queries and ``kv_proj`` for the memory.
 
 Masks are boolean with True = may attend. A query that may attend to nothing gets zero weights and a
 zero output on both paths.
+
+QK-norm (``qk_norm=True``; Dehghani et al. 2023, Wortsman et al. 2023, the nanoGPT speedrun) puts an
+RMSNorm over each head's queries and keys before the dot product, q ← RMSNorm(q), k ← RMSNorm(k), so
+|q · k| <= max|g_q| · max|g_k| · d_qk whatever the weights grow to: the attention logits cannot blow up and
+saturate the softmax, which lets a model train at higher learning rates. With rotary positions the norm
+comes first, then the rotation (a rotation keeps the norm).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.nn.cache import KVCache
+from lmforge.nn.norms import RMSNorm
 from lmforge.nn.positions import RotaryEmbedding
 
 
@@ -92,6 +99,8 @@ class MultiHeadAttention(nn.Module):
         bias: biases on the projections.
         dropout: dropout on the attention weights (training only).
         rotary: a ``RotaryEmbedding`` applied to queries and keys (self-attention only).
+        qk_norm: RMSNorm each head's queries and keys (gains of width d_qk, shared by the heads).
+        eps: the QK-norm epsilon.
     """
 
     def __init__(
@@ -106,6 +115,8 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         rotary: RotaryEmbedding | None = None,
+        qk_norm: bool = False,
+        eps: float = 1e-5,
     ) -> None:
         super().__init__()
         if (d_qk is None or d_v is None) and d_model % n_heads:
@@ -127,6 +138,8 @@ class MultiHeadAttention(nn.Module):
         else:
             self.in_proj = nn.Linear(d_model, 2 * qk + v, bias=bias)  # [W_q; W_k; W_v]
         self.out_proj = nn.Linear(v, d_model, bias=bias)
+        self.q_norm = RMSNorm(self.d_qk, eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.d_qk, eps) if qk_norm else None
 
     # -- the three projections, as the paper names them -------------------------------------------
     def split_heads(self, x: torch.Tensor, d_head: int) -> torch.Tensor:
@@ -169,6 +182,9 @@ class MultiHeadAttention(nn.Module):
         if self.cross and memory is None and (cache is None or cache.length == 0):
             raise ValueError("cross-attention needs a memory (or a filled cache)")
         q, k, v = self.project(x, memory if not (self.cross and cache is not None and cache.length) else None)
+        if self.q_norm is not None:  # QK-norm: each head's q and k rescaled to unit RMS, then the gains
+            q = self.q_norm(q)  # (B, H, T, d_qk)
+            k = self.k_norm(k) if k is not None else None  # (B, H, S, d_qk); None: cross keys come cached
         if self.rotary is not None:
             if positions is None:
                 start = cache.length if cache is not None else 0

@@ -65,8 +65,9 @@ class RotaryEmbedding(nn.Module):
         inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d/2,)
         angle = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (N, d/2)
         angle = torch.cat([angle, angle], dim=-1)  # (N, d)
-        self.register_buffer("cos", angle.cos().float(), persistent=False)
-        self.register_buffer("sin", angle.sin().float(), persistent=False)
+        # Kept in float64 (cast to the input's dtype at use) so a float64 model matches the reference to 1e-10.
+        self.register_buffer("cos", angle.cos(), persistent=False)
+        self.register_buffer("sin", angle.sin(), persistent=False)
 
     @staticmethod
     def rotate_half(x: torch.Tensor) -> torch.Tensor:

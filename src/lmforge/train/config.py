@@ -29,6 +29,7 @@ from lmforge.files import write_text_atomic
 
 Schedule = Literal["cosine", "linear", "constant"]
 Precision = Literal["fp32", "bf16", "fp16"]
+Optimizer = Literal["adamw", "muon"]
 
 
 @dataclass
@@ -39,7 +40,11 @@ class TrainConfig:
     ``batch_size * grad_accum * world_size`` rows: ``batch_size`` rows per micro-batch per process.
     """
 
-    # optimizer: AdamW, decoupled weight decay on matrices only (not on norms, biases, embeddings)
+    # optimizer: AdamW, decoupled weight decay on matrices only (not on norms, biases, embeddings);
+    # or Muon for the Transformer layers' matrices with AdamW (lr, betas, eps) for the rest (docs/modern.md)
+    optimizer: Optimizer = "adamw"
+    muon_lr: float = 0.02  # Muon's peak learning rate; the schedule scales it like lr
+    muon_momentum: float = 0.95
     lr: float = 3e-4
     min_lr: float = 0.0  # where cosine / linear decay ends, at max_steps
     weight_decay: float = 0.1
@@ -81,6 +86,8 @@ class TrainConfig:
             ("grad_accum", self.grad_accum >= 1),
             ("grad_clip", self.grad_clip >= 0),
             ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)),
+            ("muon_lr", self.muon_lr > 0),
+            ("muon_momentum", 0 <= self.muon_momentum < 1),
         ]
         for name in ("eval_every", "eval_batches", "save_every", "keep_last", "log_every"):
             checks.append((name, getattr(self, name) >= 0))
@@ -313,6 +320,7 @@ def _plain(obj: Any) -> Any:
 
 
 __all__ = [
+    "Optimizer",
     "Precision",
     "Schedule",
     "TrainConfig",

@@ -4,7 +4,9 @@
 
     {"event": "train", "step": 10, "loss": 6.91, "lr": 0.0003, "grad_norm": 1.2, "tokens": 40960,
      "tokens_per_s": 51200.0, "elapsed_s": 0.8}
-    {"event": "eval", "step": 100, "eval_loss": 5.2, "eval_ppl": 181.3, "eval_accuracy": 0.21}
+    {"event": "eval", "step": 100, "eval_loss": 5.2, "eval_ppl": 181.3, "eval_accuracy": 0.21, "elapsed_s": 8.1}
+
+``elapsed_s`` counts seconds since this process began training (a resumed run starts again from 0).
 
 On resume, events after the checkpoint's step (written by the killed run, about to be redone) are
 dropped, so the log and the plot read as one uninterrupted run.

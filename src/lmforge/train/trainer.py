@@ -201,6 +201,7 @@ class Trainer:
         loss = float("nan")
         metrics: dict[str, float] = {}
         t_log, tokens_log = time.perf_counter(), self.tokens
+        t_start = t_log  # elapsed_s in the log: seconds since this process started training (loss vs time)
         if start >= cfg.max_steps and env.is_main:
             info(f"{self.run_dir} already finished at step {start}; raise train.max_steps to train further")
             done = [e for e in log.events if e.get("event") == "train"]
@@ -216,7 +217,8 @@ class Trainer:
                     tok_s = (self.tokens - tokens_log) / max(now - t_log, 1e-9)
                     t_log, tokens_log = now, self.tokens
                     record = log.write("train", step, loss=loss, lr=lr, grad_norm=grad_norm,
-                                       tokens=self.tokens, tokens_per_s=round(tok_s, 1))
+                                       tokens=self.tokens, tokens_per_s=round(tok_s, 1),
+                                       elapsed_s=round(now - t_start, 2))
                     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
                     for cb in self.callbacks if env.is_main else []:
                         cb.on_step(self, step, record)
@@ -224,7 +226,7 @@ class Trainer:
                     metrics = self.evaluate() or metrics
                     if metrics:
                         self._note_best(step, metrics)
-                        log.write("eval", step, **metrics)
+                        log.write("eval", step, **metrics, elapsed_s=round(time.perf_counter() - t_start, 2))
                         if env.is_main and cfg.plot:
                             log.plot(self.run_dir / "loss.png")
                         for cb in self.callbacks if env.is_main else []:
