@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from lmforge.generation.steps import DecoderSteps, Seq2SeqSteps  # noqa: F401
+from lmforge.generation.steps import DecoderSteps, Seq2SeqSteps
 
 
 class Hypotheses:

@@ -167,6 +167,7 @@ def stream(
             steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id, caches)
             logits = steps.first() if max_new_tokens else None  # (B, V) the prompt, eagerly
             finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)  # (B,)
+            tokens = finished.long()  # replaced by the first choice
             step = FixedStep(steps) if fixed and max_new_tokens > 1 and supports_fixed_shapes(steps) else None
             step_fn = compiled(decode_step, device.type) if step is not None else None
         for t in range(max_new_tokens):
