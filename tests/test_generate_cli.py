@@ -46,7 +46,7 @@ def test_streamed_text_equals_api(model_dir, capsys) -> None:
 
 def test_compile_flag_gives_the_same_text(model_dir, capsys) -> None:
     """--compile: each token from one compiled fixed-shape step (torch.compile runs on CPU too)."""
-    folder, model, tok = model_dir
+    folder = model_dir[0]
     args = ["generate", "--model", str(folder), "--prompt", "the dog", "--max-new-tokens", "10", "--seed", "1",
             "--temperature", "0.8"]
     assert main([*args, "--no-compile"]) == 0
