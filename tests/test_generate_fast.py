@@ -97,7 +97,7 @@ def old_and_new(model, ids, mask, beams, n, stop, pad, penalty):
 def test_vectorised_beams_equal_the_list_based_search(kind, beams, penalty, gpt: Decoder, s2s: Seq2Seq) -> None:
     """Frequent stop tokens (a tenth of the vocabulary) so that hypotheses finish at many lengths."""
     model = gpt if kind == "decoder" else s2s
-    ids, mask = pad_prompts(PROMPTS + [[120, 121, 122, 123]], pad_id=0)
+    ids, mask = pad_prompts([*PROMPTS, [120, 121, 122, 123]], pad_id=0)
     stop = list(range(0, 300, 10))
     (old_seqs, old_scores), (new_seqs, new_scores) = old_and_new(model, ids, mask, beams, 14, stop, 0, penalty)
     assert new_seqs == old_seqs
