@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from models import Sizes, alternate, bert_pair, gpt_pair, matmul_peak, matmul_weights, mlm_batch, sync, train_step_fn
 
 from lmforge.generation import generate
-from models import Sizes, alternate, bert_pair, gpt_pair, matmul_peak, matmul_weights, mlm_batch, sync, train_step_fn
 
 warnings.filterwarnings("ignore")
 
@@ -102,24 +102,13 @@ def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, 
     rows = []
     for batch in shapes.decode_batches:
         ids = torch.randint(0, s.vocab, (batch, prompt), generator=torch.Generator().manual_seed(batch)).to(device)
-        hf_options = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-
-        def lmforge_run(compile: bool):
-            return lambda: generate(ours, ids, max_new_tokens=new, stop_ids=[], compile=compile)
-
-        def hf_run(**extra):
-            def run():
-                with torch.inference_mode():
-                    return hf.generate(ids, **hf_options, **extra)
-            return run
-
-        eager = lmforge_run(False)().tokens
-        fast = lmforge_run(True)().tokens  # compiles (and records the CUDA graph)
+        eager = lmforge_decode(ours, ids, new, False)().tokens
+        fast = lmforge_decode(ours, ids, new, True)().tokens  # compiles (and records the CUDA graph)
         agree = (fast == eager).float().mean().item()
-        fns = {"lmforge compiled": lmforge_run(True), "lmforge eager": lmforge_run(False),
-               "transformers": hf_run()}
+        fns = {"lmforge compiled": lmforge_decode(ours, ids, new, True),
+               "lmforge eager": lmforge_decode(ours, ids, new, False), "transformers": hf_decode(hf, ids, new)}
         if static_cache_available():
-            fns["transformers static+compile"] = hf_run(cache_implementation="static")
+            fns["transformers static+compile"] = hf_decode(hf, ids, new, cache_implementation="static")
         for fn in fns.values():
             fn()  # compiles what compiles, outside the timed rounds
         best = alternate(fns, 1, args.gen_rounds, 1, device)
@@ -134,6 +123,18 @@ def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, 
     del ours, hf
     empty_cache(device)
     return rows
+
+
+def lmforge_decode(model, ids: torch.Tensor, new: int, compile: bool):
+    return lambda: generate(model, ids, max_new_tokens=new, stop_ids=[], compile=compile)
+
+
+def hf_decode(model, ids: torch.Tensor, new: int, **extra):
+    def run():
+        with torch.inference_mode():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                                  do_sample=False, pad_token_id=0, **extra)
+    return run
 
 
 def static_cache_available() -> bool:
@@ -153,10 +154,10 @@ def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: f
         "tokenizer": {"kind": "byte-bpe", "vocab_size": 257},  # one symbol per byte: characters
         "data": {"objective": "clm", "files": [text or "shakespeare"], "seq_len": shapes.gpt_seq,
                  "val_fraction": 0.01},
-        "model": {"preset": "gpt-tiny", "d_model": s.d, "n_layers": s.layers, "n_heads": s.heads, "d_ff": s.ff,
-                  "max_positions": shapes.gpt_seq, "dropout": 0.0, "attention_dropout": 0.0},
-        "train": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": min(10, shapes.pretrain_steps), "max_steps": shapes.pretrain_steps,
-                  "batch_size": shapes.gpt_batch, "betas": [0.9, 0.95], "weight_decay": 0.1, "grad_clip": 1.0,
+        "model": {"preset": "gpt-tiny", "d_model": s.d, "n_layers": s.layers, "n_heads": s.heads,
+                  "d_ff": s.ff, "max_positions": shapes.gpt_seq, "dropout": 0.0, "attention_dropout": 0.0},
+        "train": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": min(10, shapes.pretrain_steps),
+                  "max_steps": shapes.pretrain_steps, "batch_size": shapes.gpt_batch, "betas": [0.9, 0.95], "weight_decay": 0.1, "grad_clip": 1.0,
                   "log_every": shapes.pretrain_log, "save_every": 0, "eval_every": 0, "progress": False,
                   "plot": False, "tensorboard": False, "device": str(device)},
     }
@@ -187,7 +188,8 @@ def versions(device: torch.device) -> str:
     import transformers
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    return f"{name}; torch {torch.__version__}; transformers {transformers.__version__}; python {platform.python_version()}"
+    return (f"{name}; torch {torch.__version__}; transformers {transformers.__version__}; "
+            f"python {platform.python_version()}")
 
 
 def main() -> None:
