@@ -157,7 +157,8 @@ def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: f
         "model": {"preset": "gpt-tiny", "d_model": s.d, "n_layers": s.layers, "n_heads": s.heads,
                   "d_ff": s.ff, "max_positions": shapes.gpt_seq, "dropout": 0.0, "attention_dropout": 0.0},
         "train": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": min(10, shapes.pretrain_steps),
-                  "max_steps": shapes.pretrain_steps, "batch_size": shapes.gpt_batch, "betas": [0.9, 0.95], "weight_decay": 0.1, "grad_clip": 1.0,
+                  "max_steps": shapes.pretrain_steps, "batch_size": shapes.gpt_batch, "betas": [0.9, 0.95],
+                  "weight_decay": 0.1, "grad_clip": 1.0,
                   "log_every": shapes.pretrain_log, "save_every": 0, "eval_every": 0, "progress": False,
                   "plot": False, "tensorboard": False, "device": str(device)},
     }
