@@ -166,6 +166,7 @@ def stream(
         with torch.inference_mode():
             steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id, caches)
             logits = steps.first() if max_new_tokens else None  # (B, V) the prompt, eagerly
+            scores_shape = logits.shape if logits is not None else None
             finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)  # (B,)
             tokens = finished.long()  # replaced by the first choice
             step = FixedStep(steps) if fixed and max_new_tokens > 1 and supports_fixed_shapes(steps) else None
@@ -179,9 +180,10 @@ def stream(
                         tokens = tokens.masked_fill(finished, pad_id)
                         finished = finished | torch.isin(tokens, stop_tensor)
                 else:  # one compiled call: model step, choice and stop bookkeeping
-                    noise = exponential_noise(logits.shape, device, generator) if temperature > 0 else None
+                    noise = exponential_noise(scores_shape, device, generator) if temperature > 0 else None
                     out = step_fn(step, tokens, finished, noise, temperature, top_k, top_p, pad_id, stop_tensor)
-                    tokens, finished, logits = (x.clone() for x in out)  # a CUDA graph reuses its outputs
+                    tokens, finished = out[0].clone(), out[1].clone()  # a CUDA graph reuses its outputs
+                    logits = out[2].clone() if logits_out is not None else None
                     step.column += 1
                 if logits_out is not None:
                     logits_out.append(logits)
