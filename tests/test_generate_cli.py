@@ -44,6 +44,17 @@ def test_streamed_text_equals_api(model_dir, capsys) -> None:
     assert "tokens/s" in out.err
 
 
+def test_compile_flag_gives_the_same_text(model_dir, capsys) -> None:
+    """--compile: each token from one compiled fixed-shape step (torch.compile runs on CPU too)."""
+    folder = model_dir[0]
+    args = ["generate", "--model", str(folder), "--prompt", "the dog", "--max-new-tokens", "10", "--seed", "1",
+            "--temperature", "0.8"]
+    assert main([*args, "--no-compile"]) == 0
+    eager = capsys.readouterr().out
+    assert main([*args, "--compile"]) == 0
+    assert capsys.readouterr().out == eager
+
+
 def test_json_lines_from_stdin(model_dir, capsys, monkeypatch) -> None:
     folder, model, tok = model_dir
     monkeypatch.setattr("sys.stdin", io.StringIO("the dog\nthe quick fox\n"))

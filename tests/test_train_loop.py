@@ -49,7 +49,7 @@ def test_accumulated_gradients_equal_the_full_batch_float64(tmp_path):
     accum = Trainer(toy(dtype=torch.float64), ToySource(2), config(batch_size=2, grad_accum=3), tmp_path / "acc")
     full.setup()
     accum.setup()
-    loss_full, loss_accum = full.forward_backward(1), accum.forward_backward(1)
+    loss_full, loss_accum = float(full.forward_backward(1)), float(accum.forward_backward(1))
     assert loss_accum == pytest.approx(loss_full, abs=1e-12)
     for (name, p), q in zip(full.model.named_parameters(), accum.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-12, msg=name)
@@ -74,8 +74,8 @@ def test_a_micro_batch_without_targets_adds_nothing(tmp_path):
     accum = Trainer(toy(dtype=torch.float64), Hole(2), config(batch_size=2, grad_accum=3), tmp_path / "acc")
     full.setup()
     accum.setup()
-    loss = accum.forward_backward(1)
-    assert math.isfinite(loss) and loss == pytest.approx(full.forward_backward(1), abs=1e-12)
+    loss = float(accum.forward_backward(1))  # a tensor on the device: the trainer reads it at log steps only
+    assert math.isfinite(loss) and loss == pytest.approx(float(full.forward_backward(1)), abs=1e-12)
     for p, q in zip(full.model.parameters(), accum.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-12)
 
@@ -264,7 +264,7 @@ def test_decoder_accumulation_and_eval(tmp_path):
     accum.setup()
     assert full.shift == 1  # next-token loss: targets are labels[:, 1:]
     # the Decoder computes its cross-entropy in float32, hence float32 tolerances
-    assert accum.forward_backward(1) == pytest.approx(full.forward_backward(1), abs=1e-6)
+    assert float(accum.forward_backward(1)) == pytest.approx(float(full.forward_backward(1)), abs=1e-6)
     for p, q in zip(full.model.parameters(), accum.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-6)
     result = train(gpt().float(), CLMSource(2, 50), config(max_steps=2), tmp_path / "run")

@@ -13,7 +13,8 @@ JSON object on its own line, once it is finished; prompts are then generated in 
 
 ``--beams B`` > 1 (beam search) cannot stream, since the best hypothesis is known only at the end: the
 whole text is printed at once. ``--temperature 0`` (the default) is greedy decoding. Timing goes to
-standard error.
+standard error. ``--compile`` (the default on CUDA) decodes each token with one fixed-shape step compiled
+by ``torch.compile`` (a CUDA graph on a GPU): the same tokens, after a first call that compiles.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def run_generate(args: argparse.Namespace) -> int:
         print("lmforge generate: --temperature 0 is greedy decoding: --top-k / --top-p have no effect",
               file=sys.stderr)
     options = dict(max_new_tokens=args.max_new_tokens, temperature=temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed)
+                   top_p=args.top_p, seed=args.seed, compile=args.compile)
     device = next(model.parameters()).device
     total_tokens, start = 0, time.perf_counter()
     prompts = [args.prompt] if args.prompt is not None else input_lines(None, errors=args.errors)
@@ -125,6 +126,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0, metavar="L",
                    help="beam score = log p / length**L (default 1.0)")
     p.add_argument("--seed", type=int, metavar="S", help="random seed: the same seed gives the same sample")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="one compiled fixed-shape step per token (CUDA graphs on a GPU); default: on for CUDA")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of streamed text")
     p.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
                    help="with --json: prompts generated together, left-padded (default 8)")

@@ -37,10 +37,21 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.beam import beam_search
-from lmforge.generation.sampling import next_token
+from lmforge.generation.sampling import exponential_noise, next_token
+from lmforge.generation.static import (
+    FixedStep,
+    compiled,
+    decode_step,
+    fixed_logits,
+    release_caches,
+    reusable_caches,
+    supports_fixed_shapes,
+)
 from lmforge.generation.steps import make_steps
 
 __all__ = ["GenerationOutput", "generate", "pad_prompts", "stream"]
+
+CHECK_EVERY = 16  # generate reads "has every row stopped?" every 16 tokens, not after each (a read waits)
 
 
 @dataclass
@@ -127,40 +138,65 @@ def stream(
     use_cache: bool = True,
     start_id: int | None = None,
     logits_out: list[torch.Tensor] | None = None,
+    compile: bool | None = None,
+    check_every: int = 1,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) step by step: greedy or sampled, with a KV cache.
 
     Arguments as in ``generate``. A row that has stopped yields ``pad_id``; the iteration ends when every
     row has stopped or after ``max_new_tokens`` steps. ``logits_out``, when given, receives each step's
-    raw logits (B, V).
+    raw logits (B, V). Whether every row has stopped is read every ``check_every`` steps (a read waits for
+    the device); the steps in between yield ``pad_id`` for the rows that stopped.
 
     >>> for tokens in stream(model, ids, max_new_tokens=3):    # doctest: +SKIP
     ...     print(tokenizer.decode(tokens.tolist()), end="", flush=True)
     """
     check_options(input_ids, max_new_tokens, temperature, top_k, top_p, 1)
     stop, pad_id = model_ids(model, stop_ids, pad_id)
+    device = input_ids.device
     if generator is None and seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-    stop_tensor = torch.tensor(stop, device=input_ids.device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+    stop_tensor = torch.tensor(stop, dtype=torch.long, device=device) if stop else None
+    fixed = wants_compile(compile, device) and use_cache
     # inference_mode is entered around each piece of work, not around the yield: a generator's context
     # would otherwise stay active in the caller's code between steps.
     with torch.inference_mode():
-        steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
-        logits = steps.first() if max_new_tokens else None  # (B, V)
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # (B,)
-    for t in range(max_new_tokens):
+        caches = reusable_caches(model, input_ids, max_new_tokens) if fixed else None
+    try:
         with torch.inference_mode():
-            if logits_out is not None:
-                logits_out.append(logits)
-            tokens = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
-            if stop:
-                tokens = tokens.masked_fill(finished, pad_id)
-                finished |= torch.isin(tokens, stop_tensor)
-        yield tokens
-        if t + 1 == max_new_tokens or (stop and bool(finished.all())):
-            return
-        with torch.inference_mode():
-            logits = steps.next(tokens)
+            steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id, caches)
+            logits = steps.first() if max_new_tokens else None  # (B, V) the prompt, eagerly
+            scores_shape = logits.shape if logits is not None else None
+            finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)  # (B,)
+            tokens = finished.long()  # replaced by the first choice
+            step = FixedStep(steps) if fixed and max_new_tokens > 1 and supports_fixed_shapes(steps) else None
+            step_fn = compiled(decode_step, device.type) if step is not None else None
+        for t in range(max_new_tokens):
+            with torch.inference_mode():
+                if t == 0 or step is None:  # eager: the model step, then the choice
+                    logits = logits if t == 0 else steps.next(tokens)
+                    tokens = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+                    if stop_tensor is not None:
+                        tokens = tokens.masked_fill(finished, pad_id)
+                        finished = finished | torch.isin(tokens, stop_tensor)
+                else:  # one compiled call: model step, choice and stop bookkeeping
+                    noise = exponential_noise(scores_shape, device, generator) if temperature > 0 else None
+                    out = step_fn(step, tokens, finished, noise, temperature, top_k, top_p, pad_id, stop_tensor)
+                    tokens, finished = out[0].clone(), out[1].clone()  # a CUDA graph reuses its outputs
+                    logits = out[2].clone() if logits_out is not None else None
+                    step.column += 1
+                if logits_out is not None:
+                    logits_out.append(logits)
+            yield tokens
+            if t + 1 == max_new_tokens or (stop and (t + 1) % check_every == 0 and bool(finished.all())):
+                return
+    finally:
+        release_caches(model, caches)
+
+
+def wants_compile(compile: bool | None, device: torch.device) -> bool:
+    """``compile`` with None resolved: on for CUDA (where CUDA graphs pay), off elsewhere."""
+    return device.type == "cuda" if compile is None else compile
 
 
 def generate(
@@ -180,6 +216,7 @@ def generate(
     use_cache: bool = True,
     start_id: int | None = None,
     output_logits: bool = False,
+    compile: bool | None = None,
 ) -> GenerationOutput:
     """Continue each prompt (decoder-only) or translate each source (encoder-decoder) by up to N tokens.
 
@@ -200,14 +237,14 @@ def generate(
         use_cache: False re-runs the whole prefix every step (the reference the cache is tested against).
         start_id: first decoder token of an encoder-decoder (default config.bos_id).
         output_logits: also return every step's raw logits (B, N, V).
+        compile: decode each token with one fixed-shape step compiled by ``torch.compile`` (CUDA graphs on
+            CUDA; generation/static.py); None = on when the device is CUDA. Same tokens as eager.
     """
     check_options(input_ids, max_new_tokens, temperature, top_k, top_p, beams)
+    stop, pad = model_ids(model, stop_ids, pad_id)
     if beams > 1:
-        stop, pad = model_ids(model, stop_ids, pad_id)
-        with torch.inference_mode():
-            steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
-            seqs, scores = beam_search(steps, input_ids.shape[0], beams, max_new_tokens, stop, pad,
-                                       length_penalty)
+        seqs, scores = run_beams(model, input_ids, attention_mask, beams, max_new_tokens, stop, pad,
+                                 length_penalty, use_cache, start_id, wants_compile(compile, input_ids.device))
         width = max((len(s) for s in seqs), default=0)
         tokens = torch.full((len(seqs), width), pad, dtype=torch.long)
         for row, seq in enumerate(seqs):
@@ -216,17 +253,40 @@ def generate(
         return GenerationOutput(tokens.to(input_ids.device), lengths.to(input_ids.device),
                                 scores=torch.tensor(scores))
 
-    stop, pad = model_ids(model, stop_ids, pad_id)
     b = input_ids.shape[0]
     out = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=input_ids.device)  # (B, N)
     logits: list[torch.Tensor] | None = [] if output_logits else None
     n = 0
     for n, tokens in enumerate(stream(model, input_ids, attention_mask, max_new_tokens, temperature, top_k,
-                                      top_p, stop, pad, seed, generator, use_cache, start_id, logits), 1):
+                                      top_p, stop, pad, seed, generator, use_cache, start_id, logits, compile,
+                                      check_every=CHECK_EVERY), 1):
         out[:, n - 1] = tokens
-    lengths = first_stop(out[:, :n], stop) + 1 if stop else torch.full((b,), n, device=input_ids.device)
-    stacked = torch.stack(logits, dim=1) if logits else None  # (B, N, V)
+    if stop:  # the steps past the last row's stop token (read every CHECK_EVERY steps) are dropped
+        lengths = first_stop(out[:, :n], stop) + 1
+        stopped = torch.isin(out[:, :n], torch.tensor(stop, device=out.device)).any(1)
+        n = int(lengths.max()) if n and bool(stopped.all()) else n
+    else:
+        lengths = torch.full((b,), n, device=input_ids.device)
+    stacked = torch.stack(logits[:n], dim=1) if logits else None  # (B, N, V)
     return GenerationOutput(out[:, :n], lengths, stacked)
+
+
+def run_beams(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, beams: int,
+              max_new_tokens: int, stop: list[int], pad: int, length_penalty: float, use_cache: bool,
+              start_id: int | None, fixed: bool) -> tuple[list[list[int]], list[float]]:
+    """Beam search; with ``fixed``, each step after the first is one compiled fixed-shape model call."""
+    with torch.inference_mode():
+        steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
+        step_fn = None
+        if fixed and use_cache and supports_fixed_shapes(steps):
+            fixed_step: list[FixedStep] = []  # built once the beams are expanded, at the first step
+
+            def step_fn(s, tokens):
+                if not fixed_step:
+                    fixed_step.append(FixedStep(s))
+                return fixed_step[0].next(tokens, compiled(fixed_logits, input_ids.device.type))
+
+        return beam_search(steps, input_ids.shape[0], beams, max_new_tokens, stop, pad, length_penalty, step_fn)
 
 
 def first_stop(tokens: torch.Tensor, stop: Sequence[int]) -> torch.Tensor:

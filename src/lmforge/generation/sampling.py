@@ -6,7 +6,13 @@
     top-p:        keep the smallest set of most likely tokens whose mass is >= p   (Holtzman et al. 2019)
 
 Filters set removed logits to -inf, so the softmax that follows renormalises over what is left.
-Every function works on a batch of rows, logits (B, V), and never leaves the device.
+Every function works on a batch of rows, logits (B, V), with shapes that do not depend on the values
+(a compiled decoding step needs that), and never leaves the device.
+
+Drawing a token. With q_v ~ Exp(1) independent, argmax_v p_v / q_v = argmin_v q_v / p_v is token v with
+probability p_v (the first of V exponential clocks with rates p_v to ring). ``torch.multinomial`` draws one
+sample exactly this way, but first checks the probabilities on the host, which waits for the device;
+drawing q ourselves gives the same token for the same generator state, without the wait.
 """
 
 from __future__ import annotations
@@ -52,8 +58,11 @@ def next_token(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pick one token per row from logits (B, V) -> (B,). temperature 0 is greedy (argmax).
+
+    noise: (B, V) float32 draws of Exp(1) (``exponential_noise``); default drawn here from ``generator``.
 
     >>> next_token(torch.tensor([[0.1, 2.0, -1.0]])).tolist()
     [1]
@@ -66,4 +75,12 @@ def next_token(
     if top_p is not None:
         z = top_p_filter(z, top_p)
     probs = torch.softmax(z, dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if noise is None:
+        noise = exponential_noise(probs.shape, probs.device, generator)
+    return (probs / noise).argmax(dim=-1)  # = torch.multinomial(probs, 1, generator).squeeze(-1)
+
+
+def exponential_noise(shape: torch.Size | tuple[int, ...], device: torch.device,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, V) float32 draws of Exp(1): the randomness of one sampling step (see the module docstring)."""
+    return torch.empty(shape, dtype=torch.float32, device=device).exponential_(1.0, generator=generator)

@@ -21,6 +21,8 @@ row computes exactly what the same prompt computes alone:
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -64,6 +66,19 @@ def move_padding_right(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Ten
     return ids.gather(1, order), mask.gather(1, order)
 
 
+def reset_caches(caches: list) -> None:
+    """Empty every layer's caches, keeping their buffers (to run another batch of the same shape)."""
+    for cache in caches:
+        cache.self_attention.reset()
+        if cache.cross_attention is not None:
+            cache.cross_attention.reset()
+
+
+def accepts(fn, name: str) -> bool:
+    """Whether ``fn`` takes a keyword ``name`` (models written before an option was added do not)."""
+    return name in inspect.signature(fn).parameters
+
+
 class Steps:
     """What both steppers share: a buffer of tokens so far, and a step that feeds the newest token.
 
@@ -103,6 +118,7 @@ class DecoderSteps(Steps):
         attention_mask: torch.Tensor | None,
         max_new_tokens: int,
         use_cache: bool = True,
+        caches: list[LayerCache] | None = None,
     ) -> None:
         self.model = model
         b, p = input_ids.shape
@@ -122,14 +138,18 @@ class DecoderSteps(Steps):
             self.mask = torch.ones(b, total, dtype=torch.long, device=device)  # (B, P + N)
             self.mask[:, :p] = attention_mask
             self.positions = padding_positions(self.mask)  # (B, P + N): new tokens continue each row
-        self.caches = model.new_caches(b, total, device=device) if use_cache else None
+        if caches is not None:  # given (to reuse their buffers): emptied first
+            reset_caches(caches)
+        self.caches = (caches or model.new_caches(b, total, device=device)) if use_cache else None
+        self.last_only = {"logits_to_keep": 1} if accepts(model.forward, "logits_to_keep") else {}
 
     def run(self, start: int) -> torch.Tensor:
         """Run the model on columns [start, length) (start = 0: the whole prefix); logits of the last."""
         end = self.length
         mask = self.mask[:, :end] if self.padded else None  # covers cached and new keys
         positions = self.positions[:, start:end] if self.padded else None  # None: cache length + arange
-        out = self.model(self.ids[:, start:end], attention_mask=mask, position_ids=positions, caches=self.caches)
+        out = self.model(self.ids[:, start:end], attention_mask=mask, position_ids=positions, caches=self.caches,
+                         **self.last_only)  # the prompt: the last position's logits only, not (B, P, V)
         return out.logits[:, -1]  # (B, V)
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -157,6 +177,7 @@ class Seq2SeqSteps(Steps):
         max_new_tokens: int,
         use_cache: bool = True,
         start_id: int = 0,
+        caches: list[LayerCache] | None = None,
     ) -> None:
         self.model = model
         b, s = input_ids.shape
@@ -172,7 +193,9 @@ class Seq2SeqSteps(Steps):
         self.memory = model.encode(input_ids, attention_mask).last_hidden_state  # (B, S, D)
         self.ids = torch.full((b, total), start_id, dtype=torch.long, device=input_ids.device)  # (B, 1 + N)
         self.length = 1
-        self.caches = model.new_caches(b, total, s, device=input_ids.device) if use_cache else None
+        if caches is not None:
+            reset_caches(caches)
+        self.caches = (caches or model.new_caches(b, total, s, device=input_ids.device)) if use_cache else None
 
     def run(self, start: int) -> torch.Tensor:
         out = self.model.decode(self.ids[:, start:self.length], self.memory, src_mask=self.src_mask,
@@ -195,8 +218,12 @@ def make_steps(
     max_new_tokens: int,
     use_cache: bool = True,
     start_id: int | None = None,
+    caches: list[LayerCache] | None = None,
 ) -> DecoderSteps | Seq2SeqSteps:
-    """The stepper that fits ``model``: ``Seq2SeqSteps`` for encoder-decoders, else ``DecoderSteps``."""
+    """The stepper that fits ``model``: ``Seq2SeqSteps`` for encoder-decoders, else ``DecoderSteps``.
+
+    caches: reuse these (emptied) instead of allocating new ones; they must fit the batch and lengths.
+    """
     if is_encoder_decoder(model):
         if start_id is None:
             config = getattr(model, "config", None)
@@ -204,5 +231,5 @@ def make_steps(
             start_id = getattr(config, "bos_id", None) if start_id is None else start_id
             if start_id is None:
                 raise LmforgeError("decoder_start_id: the model config has no bos_id; pass start_id")
-        return Seq2SeqSteps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
-    return DecoderSteps(model, input_ids, attention_mask, max_new_tokens, use_cache)
+        return Seq2SeqSteps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id, caches)
+    return DecoderSteps(model, input_ids, attention_mask, max_new_tokens, use_cache, caches)

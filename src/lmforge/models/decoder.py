@@ -89,6 +89,7 @@ class Decoder(nn.Module):
         caches: list[LayerCache] | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """input_ids (B, T): the new tokens (all of them without a cache).
 
@@ -96,6 +97,8 @@ class Decoder(nn.Module):
         labels: (B, T) next-token targets, shifted inside (logits[:, :-1] vs labels[:, 1:]); -100 ignored.
         position_ids: (B, T) or (T,); default past + arange(T) (pass them for left-padded prompts).
         caches: from ``new_caches``; each layer's keys/values are appended in place.
+        logits_to_keep: n > 0 computes the logits of the last n positions only, (B, n, V): after a prompt
+            generation needs one row, not a (B, T, V) tensor of which it keeps ``[:, -1]``.
         hidden_states follow Hugging Face: (embeddings, layer 1, ..., layer L-1, LN_f(layer L)).
         """
         check_ids(input_ids)
@@ -122,7 +125,7 @@ class Decoder(nn.Module):
                 attentions.append(out.self_attention)
         h = self.norm_f(h)  # (B, T, D)
         hidden[-1] = h
-        logits = self.lm_head(h)  # (B, T, V)
+        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)  # (B, T, V) or (B, n, V)
         if self.config.logit_softcap is not None:
             logits = soft_cap(logits, self.config.logit_softcap)
         loss = next_token_loss(logits, labels) if labels is not None else None

@@ -195,9 +195,10 @@ class DualEncoder(nn.Module):
     ) -> ModelOutput:
         """A batch of B pairs (row i of a goes with row i of b) -> logits S / τ (B, B) and the InfoNCE loss."""
         a, b = self.embed_a(ids_a, mask_a), self.embed_b(ids_b, mask_b)
-        logits = self.scores(a, b) * self.log_scale.exp().clamp(max=MAX_SCALE)  # (B, B)
+        scale = self.log_scale.exp().clamp(max=MAX_SCALE)  # 1/τ
+        logits = self.scores(a, b) * scale  # (B, B)
         return ModelOutput(logits=logits, loss=info_nce(logits) if return_loss else None,
-                           metrics={"temperature": self.temperature})
+                           metrics={"temperature": 1.0 / scale.detach()})  # a tensor: no wait for the device
 
 
 # -- question 8: update one modality from the other ----------------------------------------------------

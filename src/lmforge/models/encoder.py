@@ -137,9 +137,10 @@ class EncoderForPreTraining(nn.Module):
             targets = labels[chosen]  # (M,)
             out.logits = self.mlm(out.last_hidden_state[chosen])  # (M, V)
             losses.append(token_loss(out.logits, targets))
-            with torch.no_grad():
-                accuracy = (out.logits.argmax(-1) == targets).float().mean() if targets.numel() else 0.0
-            out.metrics = {"mlm_accuracy": float(accuracy)}
+            with torch.no_grad():  # a tensor, not a float: reading it would make the host wait for the device
+                hits = (out.logits.argmax(-1) == targets).float()  # (M,)
+                accuracy = hits.mean() if hits.numel() else hits.sum()  # no masked token: 0
+            out.metrics = {"mlm_accuracy": accuracy}
         if next_sentence_label is not None:
             losses.append(token_loss(out.next_sentence_logits, next_sentence_label))
         if losses:

@@ -19,7 +19,8 @@ class ModelOutput:
     pooled: (B, D) tanh(W h_[CLS] + b), BERT's pooler.
     last_hidden_state: (B, T, D) output of the last layer (after the final LayerNorm for pre-LN models).
     next_sentence_logits: (B, 2) NSP scores (EncoderForPreTraining only).
-    metrics: extra numbers a model computes for free (e.g. masked-LM accuracy); the trainer averages them.
+    metrics: extra numbers a model computes for free (e.g. masked-LM accuracy), as 0-dim tensors left on the
+        device (a float would make the host wait for it); the trainer averages them at evaluation.
     """
 
     logits: torch.Tensor | None = None
@@ -30,4 +31,4 @@ class ModelOutput:
     pooled: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
     next_sentence_logits: torch.Tensor | None = None
-    metrics: dict[str, float] | None = None
+    metrics: dict[str, torch.Tensor | float] | None = None

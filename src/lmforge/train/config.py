@@ -28,7 +28,7 @@ from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 
 Schedule = Literal["cosine", "linear", "constant"]
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
 Optimizer = Literal["adamw", "muon"]
 
 
@@ -68,8 +68,8 @@ class TrainConfig:
     tensorboard: bool = False  # TensorBoard event files (needs the tensorboard package: lmforge[tensorboard])
     plot: bool = True  # run_dir/loss.png at each evaluation and at the end
     # execution
-    precision: Precision = "fp32"
-    compile: bool = False
+    precision: Precision = "auto"  # auto = bf16 autocast on CUDA (where the GPU has bf16), else fp32
+    compile: bool | Literal["auto"] = "auto"  # auto = torch.compile on CUDA (not under FSDP), else eager
     seed: int = 0
     device: str = "auto"  # auto = cuda:LOCAL_RANK when CUDA is available, else cpu
     ddp: bool = True  # wrap in DistributedDataParallel when launched by torchrun with WORLD_SIZE > 1

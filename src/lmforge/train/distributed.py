@@ -61,6 +61,22 @@ def pick_device(name: str, env: DistEnv) -> torch.device:
     return resolve_device(name, "train.device", env.local_rank)
 
 
+def resolve_auto(precision: str, compile_: bool | str, fsdp: bool, device: torch.device) -> tuple[str, bool]:
+    """``train.precision`` and ``train.compile`` with "auto" resolved for the device: bf16 autocast and
+    torch.compile on CUDA (bf16 where the GPU has it: Ampere or later; FSDP stays eager unless asked),
+    fp32 and eager elsewhere.
+
+    >>> resolve_auto("auto", "auto", False, torch.device("cpu"))
+    ('fp32', False)
+    """
+    cuda = device.type == "cuda"
+    if precision == "auto":
+        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    if compile_ == "auto":
+        compile_ = cuda and not fsdp
+    return precision, bool(compile_)
+
+
 def init(env: DistEnv, device: torch.device) -> bool:
     """Join the process group (nccl on CUDA, gloo on CPU) if launched with WORLD_SIZE > 1.
 

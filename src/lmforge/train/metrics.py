@@ -13,7 +13,8 @@ without token labels (``next_sentence_label`` only, sequence classification) cou
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -62,6 +63,51 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> int:
         if ids in batch:
             total += int(batch[mask].sum()) if mask in batch else int(batch[ids].numel())
     return total
+
+
+class NonFiniteWatch:
+    """The first step whose loss or gradient norm was NaN or infinite, kept on the device until it is read.
+
+    Checking ``math.isfinite(loss)`` after every step makes the host wait for the device every step. Instead
+    ``update`` records, on the device, the first bad step of each kind (0 = none yet), and ``first_bad``
+    reads them only where the trainer reads numbers anyway (log, eval, save). ``guard`` makes the fused
+    AdamW skip its update once anything went bad, the way ``GradScaler`` skips an overflowing fp16 step,
+    so the weights in memory stay those of the last good step too.
+
+    >>> watch = NonFiniteWatch(torch.device("cpu"))
+    >>> watch.update(1, torch.tensor(2.0), torch.tensor(0.5))
+    >>> watch.update(2, torch.tensor(float("nan")), torch.tensor(0.5))
+    >>> watch.update(3, torch.tensor(2.0), torch.tensor(float("inf")))
+    >>> watch.first_bad()
+    ('loss', 2)
+    """
+
+    KINDS = ("loss", "gradient norm")
+
+    def __init__(self, device: torch.device) -> None:
+        self.first = torch.zeros(len(self.KINDS), dtype=torch.long, device=device)  # (2,) step, 0 = never
+
+    def update(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, check_grad: bool = True) -> None:
+        grad_bad = ~torch.isfinite(grad_norm) if check_grad else torch.zeros_like(grad_norm, dtype=torch.bool)
+        bad = torch.stack([~torch.isfinite(loss), grad_bad])  # (2,)
+        self.first = torch.where((self.first == 0) & bad, step, self.first)
+
+    @contextmanager
+    def guard(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """Inside it, ``optimizer.step()`` does nothing (on the device) if a step went bad; fused AdamW only."""
+        fused = bool(optimizer.defaults.get("fused"))
+        if fused:  # the attribute GradScaler uses to tell a fused optimizer to skip: () float, 1 = skip
+            optimizer.found_inf = (self.first > 0).any().float()  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            if fused:
+                del optimizer.found_inf  # type: ignore[attr-defined]
+
+    def first_bad(self) -> tuple[str, int] | None:
+        """(kind, step) of the earliest non-finite value, or None. Reads the device: call it at log steps."""
+        found = [(kind, s) for kind, s in zip(self.KINDS, self.first.tolist(), strict=True) if s > 0]
+        return min(found, key=lambda item: item[1]) if found else None  # the loss first on a tie
 
 
 class EvalAccumulator:

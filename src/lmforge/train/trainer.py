@@ -7,8 +7,12 @@
             loss_i = model(**batch_i).loss                            mean over its n_i targets
             backward(loss_i · n_i · W / N)                            DDP averages over the W processes
         clip the gradient norm; AdamW step; zero the gradients
-        stop if the loss is NaN or infinite (the last checkpoint stays the last good one)
-        log / evaluate / checkpoint every log_every / eval_every / save_every steps
+        log / evaluate / checkpoint every log_every / eval_every / save_every steps; there, stop if a
+        loss or gradient norm was NaN or infinite (the last checkpoint stays the last good one)
+
+No step waits for the device. Loss, token count, gradient norm and the non-finite check stay on it and
+are read only at log, eval and save steps; step s + 1's batches are built and copied while step s runs
+(train/batches.py). So on a GPU the host queues work ahead and the device never idles between steps.
 
 The data position of a run is its step: the source returns the same batch for the same
 (step, micro, rank, world_size), so a checkpoint needs no loader state and a resumed run sees the
@@ -23,11 +27,11 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +41,7 @@ from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
 from lmforge.train import distributed as D
+from lmforge.train.batches import BatchSource, Prefetcher
 from lmforge.train.checkpoint import (
     Checkpoint,
     alias_names,
@@ -48,19 +53,11 @@ from lmforge.train.checkpoint import (
 )
 from lmforge.train.config import TrainConfig, default_recipe, diff_recipes, save_recipe
 from lmforge.train.logs import RunLog, info
-from lmforge.train.metrics import EvalAccumulator, count_targets, count_tokens, label_shift
+from lmforge.train.metrics import EvalAccumulator, NonFiniteWatch, label_shift
 from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
 
 KILL_HOOK = "LMFORGE_TEST_KILL_AT_STEP"  # tests: SIGKILL this process right after finishing that step
 SHAPE_SECTIONS = ("model",)  # recipe sections that must match to resume a run
-
-
-class BatchSource(Protocol):
-    """Where batches come from (``lmforge.data`` implements it; see docs/training.md for the contract)."""
-
-    def batch(self, step: int, micro: int, rank: int = 0, world_size: int = 1) -> dict[str, torch.Tensor]: ...
-
-    def eval_batches(self) -> Iterable[dict[str, torch.Tensor]]: ...
 
 
 class Callback:
@@ -71,6 +68,15 @@ class Callback:
     def on_eval(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None: ...
 
     def on_save(self, trainer: Trainer, step: int, path: Path) -> None: ...
+
+
+@dataclass
+class StepStats:
+    """One update's numbers, left on the device: reading one makes the host wait, so only log steps do."""
+
+    loss: torch.Tensor  # () float64: mean over all the update's targets, all processes
+    grad_norm: torch.Tensor  # () global L2 norm of the gradients, before clipping
+    lr: float
 
 
 @dataclass
@@ -116,8 +122,13 @@ class Trainer:
         self.env = D.detect()
         self.device = D.pick_device(config.device, self.env)
         self.shift = label_shift(model)
+        self.precision, self.compile = D.resolve_auto(config.precision, config.compile, config.fsdp, self.device)
         self.step = 0
-        self.tokens = 0
+        self.tokens = 0  # input tokens of all processes, up to the last log / eval / save step
+        self.unread_tokens = torch.zeros((), dtype=torch.float64, device=self.device)  # since then, on device
+        self.watch = NonFiniteWatch(self.device)
+        self.batches = Prefetcher(source, config.grad_accum, self.env.rank, self.env.world_size, self.device,
+                                  self.shift)
         self.best_eval_loss: float | None = None
         self.best_step: int | None = None
 
@@ -149,7 +160,7 @@ class Trainer:
         return ckpt
 
     def _autocast(self):
-        p = self.config.precision
+        p = self.precision
         if p == "fp32":
             return nullcontext()
         dtype = torch.bfloat16 if p == "bf16" else torch.float16
@@ -175,12 +186,14 @@ class Trainer:
         if ckpt is not None:
             load_weights(self.model, ckpt.weights(), ckpt.path / "model.safetensors")
         self.model.to(self.device)
+        if self.device.type == "cuda":  # TF32 tensor cores for fp32 matmuls (10 mantissa bits, as bf16 has 7)
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         no_decay = no_decay_names(self.model)  # before FSDP flattens the parameters
         self.aliases = alias_names(self.model)  # tied weights, saved once
         self.wrapped = D.wrap(self.model, env, self.device, fsdp=cfg.fsdp, use_ddp=cfg.ddp)
-        self.forward_model = torch.compile(self.wrapped) if cfg.compile else self.wrapped
+        self.forward_model = torch.compile(self.wrapped) if self.compile else self.wrapped
         self.optimizer = build_optimizer(self.wrapped, cfg, self.device, no_decay)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         if ckpt is None:
             seed_everything(cfg.seed + env.rank)  # dropout masks differ per process, repeat per run
             self.step = 0
@@ -209,20 +222,27 @@ class Trainer:
         try:
             for step in range(start + 1, cfg.max_steps + 1):
                 self.step = step
-                loss, grad_norm, lr = self.train_step(step)
+                stats = self.train_step(step)
                 last = step == cfg.max_steps
                 bar.update(1)
-                if (cfg.log_every and step % cfg.log_every == 0) or last:
+                log_now = bool(cfg.log_every and step % cfg.log_every == 0) or last
+                eval_now = bool(cfg.eval_every and step % cfg.eval_every == 0) or last
+                save_now = bool(cfg.save_every and step % cfg.save_every == 0) or last
+                if log_now or eval_now or save_now:
+                    self.check_finite(step)  # the host waits for the device here, and only here
+                if log_now:
+                    loss, grad_norm = torch.stack([stats.loss, stats.grad_norm.double()]).tolist()
+                    self.read_tokens()
                     now = time.perf_counter()
                     tok_s = (self.tokens - tokens_log) / max(now - t_log, 1e-9)
                     t_log, tokens_log = now, self.tokens
-                    record = log.write("train", step, loss=loss, lr=lr, grad_norm=grad_norm,
+                    record = log.write("train", step, loss=loss, lr=stats.lr, grad_norm=grad_norm,
                                        tokens=self.tokens, tokens_per_s=round(tok_s, 1),
                                        elapsed_s=round(now - t_start, 2))
                     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
                     for cb in self.callbacks if env.is_main else []:
                         cb.on_step(self, step, record)
-                if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+                if eval_now:
                     metrics = self.evaluate() or metrics
                     if metrics:
                         self._note_best(step, metrics)
@@ -231,7 +251,7 @@ class Trainer:
                             log.plot(self.run_dir / "loss.png")
                         for cb in self.callbacks if env.is_main else []:
                             cb.on_eval(self, step, metrics)
-                if (cfg.save_every and step % cfg.save_every == 0) or last:
+                if save_now:
                     last_ckpt = self.save()
                 if os.environ.get(KILL_HOOK) == str(step):
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -244,69 +264,73 @@ class Trainer:
                            best_eval_loss=self.best_eval_loss, checkpoint=last_ckpt,
                            resumed_from=ckpt.step if ckpt else None)
 
-    def train_step(self, step: int) -> tuple[float, float, float]:
-        """One optimizer update from ``grad_accum`` micro-batches; returns (loss, grad norm, lr)."""
+    def train_step(self, step: int) -> StepStats:
+        """One optimizer update from ``grad_accum`` micro-batches; nothing in it waits for the device."""
         cfg = self.config
         lr = lr_at(step, cfg)
         set_lr(self.optimizer, lr)
         loss = self.forward_backward(step)
-        if not math.isfinite(loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise LmforgeError(
-                f"non-finite loss at step {step} ({loss}); training stopped, the last good checkpoint is "
-                f"{self._latest_name()} (lower train.lr, set train.grad_clip, or use train.precision=bf16)"
-            )
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         if D.is_fsdp(self.wrapped):
             grad_norm = self.wrapped.clip_grad_norm_(max_norm)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), max_norm)
-        grad_norm = float(grad_norm)
-        if not math.isfinite(grad_norm) and not self.scaler.is_enabled():
-            self.optimizer.zero_grad(set_to_none=True)
-            raise LmforgeError(
-                f"non-finite gradient norm at step {step}; training stopped, the last good checkpoint is "
-                f"{self._latest_name()}"
-            )
-        self.scaler.step(self.optimizer)  # fp16: skipped (and the scale lowered) if a gradient overflowed
+        fp16 = self.scaler.is_enabled()  # fp16: the scaler skips overflowing steps itself
+        self.watch.update(step, loss, grad_norm, check_grad=not fp16)
+        with nullcontext() if fp16 else self.watch.guard(self.optimizer):  # no update once a value went bad
+            self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm, lr
+        return StepStats(loss=loss, grad_norm=grad_norm, lr=lr)
 
-    def forward_backward(self, step: int) -> float:
+    def forward_backward(self, step: int) -> torch.Tensor:
         """Accumulate the gradient of step ``step``'s whole batch (all micro-batches, all processes).
 
-        Returns the batch's loss: the mean over all its targets, identical on every process.
+        Returns the batch's loss, a () float64 tensor on the device: the mean over all its targets,
+        identical on every process. Queues step + 1's batches before returning.
         """
-        cfg, env, dev = self.config, self.env, self.device
+        cfg, env = self.config, self.env
         self.forward_model.train()
-        batches = [
-            {k: v.to(dev, non_blocking=True) for k, v in self.source.batch(step, m, env.rank, env.world_size).items()}
-            for m in range(cfg.grad_accum)
-        ]
-        n = torch.stack([count_targets(b, self.shift) for b in batches]).to(dev)  # (k,) targets per micro-batch
-        total = D.all_reduce_sum(n.sum().double(), env)  # N: targets in the whole update, all processes
-        if total.item() == 0:
+        batches = self.batches.get(step)
+        if env.world_size == 1 and all(batches.empty):  # counted on the host: no need to ask the device
             raise LmforgeError(f"step {step} has no loss targets (every label is -100)")
-        weights = n.double() * env.world_size / total  # n_i · W / N: DDP divides the summed gradients by W
-        empty = (n == 0).tolist()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
-        for i, batch in enumerate(batches):
+        total = D.all_reduce_sum(batches.targets.sum(), env)  # N: targets in the whole update, all processes
+        weights = batches.targets * env.world_size / total  # n_i · W / N: DDP divides the summed gradients by W
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i, batch in enumerate(batches.micro):
             with D.no_sync(self.wrapped, skip=i < cfg.grad_accum - 1), self._autocast():
                 out = self.forward_model(**batch)
                 if getattr(out, "loss", None) is None:
                     raise LmforgeError("the model returned no loss: does the batch carry labels?")
                 loss_i = out.loss  # () mean over this micro-batch's targets
-                if empty[i] and getattr(out, "logits", None) is not None:
+                if batches.empty[i] and getattr(out, "logits", None) is not None:
                     loss_i = out.logits.sum() * 0.0  # no targets: the mean is 0/0; contribute 0 instead
                 self.scaler.scale(loss_i * weights[i].to(loss_i.dtype)).backward()
             loss_sum += loss_i.detach().double() * weights[i] / env.world_size
-        stats = torch.stack([loss_sum, torch.tensor(float(sum(count_tokens(b) for b in batches)),
-                                                    dtype=torch.float64, device=dev)])
-        loss, tokens = D.all_reduce_sum(stats, env).tolist()
-        self.tokens += int(tokens)
+        if step < cfg.max_steps:
+            self.batches.prefetch(step + 1)  # built on the host while the device runs this step
+        loss, tokens = D.all_reduce_sum(torch.stack([loss_sum, batches.tokens]), env)
+        self.unread_tokens += tokens
         return loss
+
+    def read_tokens(self) -> int:
+        """Fold the tokens counted on the device since the last read into ``self.tokens`` (waits for it)."""
+        self.tokens += int(self.unread_tokens.item())
+        self.unread_tokens.zero_()
+        return self.tokens
+
+    def check_finite(self, step: int) -> None:
+        """Stop if a loss or gradient norm went NaN or infinite since the start (reads the device)."""
+        bad = self.watch.first_bad()
+        if bad is None:
+            return
+        kind, at = bad
+        self.optimizer.zero_grad(set_to_none=True)
+        raise LmforgeError(
+            f"non-finite {kind} at step {at} (read at step {step}); training stopped, the last good checkpoint is "
+            f"{self._latest_name()} (lower train.lr, set train.grad_clip, or use train.precision=bf16)"
+        )
 
     # ------------------------------------------------------------------------------------------ eval
 
@@ -345,6 +369,7 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Checkpoint the current step (collective: every process calls it; rank 0 writes)."""
+        self.read_tokens()
         weights = {k: v for k, v in D.full_state_dict(self.wrapped, self.env).items() if k not in self.aliases}
         optim = D.full_optimizer_state(self.wrapped, self.optimizer)
         rngs = D.gather_objects(capture_rng(), self.env)
