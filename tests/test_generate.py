@@ -282,3 +282,49 @@ def test_length_penalty_changes_the_choice() -> None:
     assert generate(toy, ids, max_new_tokens=5, beams=2, length_penalty=0.0).to_lists() == [[EOS]]
     assert generate(toy, ids, max_new_tokens=5, beams=2, length_penalty=1.0).to_lists() == [[A, B, EOS]]
     assert generate(toy, ids, max_new_tokens=5, beams=2, length_penalty=2.0).to_lists() == [[A, B, EOS]]
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_repetition_penalty_matches_transformers(compile: bool) -> None:
+    """transformers' repetition_penalty is the oracle: greedy tokens equal, eager and compiled, and the
+    penalty changes them (it is not a no-op)."""
+    hf, ours = hf_gpt2_and_ours(seed=2)
+    ids = torch.tensor([[11, 22, 33, 11, 22, 33, 11, 22]])
+    with torch.no_grad():
+        expected = hf.generate(ids, max_new_tokens=25, do_sample=False, pad_token_id=0,
+                               repetition_penalty=1.8)[:, ids.shape[1]:]
+    got = generate(ours, ids, max_new_tokens=25, repetition_penalty=1.8, compile=compile)
+    assert got.tokens.tolist() == expected.tolist()
+    assert got.tokens.tolist() != generate(ours, ids, max_new_tokens=25).tokens.tolist()
+
+
+def test_repetition_penalty_samples_the_same_eager_and_compiled(gpt: Decoder) -> None:
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    options = dict(max_new_tokens=12, temperature=0.9, top_k=20, seed=3, repetition_penalty=1.5)
+    assert generate(gpt, ids, compile=True, **options).tokens.tolist() == generate(gpt, ids, **options).tokens.tolist()
+
+
+def test_stop_strings_end_a_row_at_the_token_that_completes_them() -> None:
+    """A stop string spanning two tokens ends the row at the second; other rows go on; text is cut after it."""
+    from lmforge.generation.text import cut_at_stop
+
+    class Chars:  # id i decodes to chr(97 + i % 26): every token one letter
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    _, ours = hf_gpt2_and_ours(seed=3)
+    ids = torch.tensor([[11, 22, 33], [44, 55, 66]])
+    free = generate(ours, ids, max_new_tokens=20, stop_ids=[]).tokens.tolist()
+    text = Chars().decode(free[0])
+    target = text[6:8]  # two letters: two tokens
+    first = text.find(target)
+    got = generate(ours, ids, max_new_tokens=20, stop_ids=[], stop_strings=[target], tokenizer=Chars())
+    rows = got.to_lists()
+    assert rows[0] == free[0][: first + 2] and Chars().decode(rows[0]).endswith(target)
+    other = Chars().decode(free[1])
+    assert rows[1] == (free[1][: other.find(target) + 2] if target in other else free[1])
+    assert cut_at_stop(text, [target]) == text[: first + 2]
+    with pytest.raises(LmforgeError, match="stop_strings: pass the tokenizer"):
+        generate(ours, ids, max_new_tokens=3, stop_strings=["x"])
+    with pytest.raises(LmforgeError, match="repetition_penalty: works with greedy"):
+        generate(ours, ids, max_new_tokens=3, beams=2, repetition_penalty=1.2)

@@ -110,3 +110,19 @@ def test_text_stream_holds_back_split_characters() -> None:
         stream.add(i)
     stream.close()
     assert out.getvalue() == "é!\n"
+
+
+def test_stop_strings_and_repetition_penalty_from_the_command_line(model_dir, capsys) -> None:
+    folder, _, _ = model_dir
+    base = ["generate", "--model", str(folder), "--prompt", "to be", "--max-new-tokens", "30"]
+    assert main([*base, "--json"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    stop = free["text"][5:8]
+    assert len(stop) == 3
+    assert main([*base, "--json", "--stop", stop]) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["stopped"] and cut["text"] == free["text"][: free["text"].find(stop) + 3]
+    assert main([*base, "--stop", stop]) == 0  # streamed text stops at the same place
+    assert capsys.readouterr().out == cut["text"] + "\n"
+    assert main([*base, "--json", "--repetition-penalty", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"] != free["ids"]

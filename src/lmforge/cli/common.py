@@ -93,8 +93,8 @@ def training_shortcuts(args: argparse.Namespace) -> list[str]:
 
 def add_training_flags(p: argparse.ArgumentParser, section: str = "train") -> None:
     """The flags users of transformers and nanoGPT reach for, as shortcuts of the recipe's keys."""
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
-                   help=f"autocast precision ({section}.precision; default fp32 on CPU)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                   help=f"autocast precision ({section}.precision; auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--compile", action="store_true", default=None, help=f"torch.compile the model ({section}.compile)")
     p.add_argument("--print-config", action="store_true", help="print the resolved recipe as YAML and exit")
 

@@ -31,6 +31,7 @@ from lmforge.cli.common import (
     input_lines,
     non_negative_float,
     non_negative_int,
+    positive_float,
     positive_int,
     probability,
 )
@@ -42,7 +43,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from lmforge import load
     from lmforge.errors import LmforgeError
     from lmforge.generation import generate, pad_prompts, stream
-    from lmforge.generation.text import TextStream, fit_window, prompt_ids
+    from lmforge.generation.text import TextStream, cut_at_stop, fit_window, prompt_ids
     from lmforge.models.interfaces import generates_text, is_encoder_decoder
 
     apply_threads(args)
@@ -53,6 +54,9 @@ def run_generate(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--model: {args.model}: a {type(model).__name__} model does not generate text "
                            "(it is neither a decoder nor an encoder-decoder)")
     config = model.config
+    if args.beams > 1 and (args.stop or args.repetition_penalty != 1.0):
+        raise LmforgeError("--beams: beam search ends on stop tokens and takes no repetition penalty; "
+                           "--stop and --repetition-penalty go with greedy decoding or sampling")
     temperature = args.temperature
     if temperature is None:  # top-k / top-p filter a distribution to sample from: they imply sampling
         temperature = 1.0 if (args.top_k or args.top_p) else 0.0
@@ -60,7 +64,8 @@ def run_generate(args: argparse.Namespace) -> int:
         print("lmforge generate: --temperature 0 is greedy decoding: --top-k / --top-p have no effect",
               file=sys.stderr)
     options = dict(max_new_tokens=args.max_new_tokens, temperature=temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, compile=args.compile)
+                   top_p=args.top_p, seed=args.seed, compile=args.compile,
+                   repetition_penalty=args.repetition_penalty, stop_strings=args.stop, tokenizer=tokenizer)
     device = next(model.parameters()).device
     total_tokens, start = 0, time.perf_counter()
     prompts = [args.prompt] if args.prompt is not None else input_lines(None, errors=args.errors)
@@ -78,8 +83,11 @@ def run_generate(args: argparse.Namespace) -> int:
             ids, mask = pad_prompts(encoded, config.pad_id or 0, device)
             out = generate(model, ids, mask, beams=args.beams, length_penalty=args.length_penalty, **options)
             for prompt, new in zip(chunk, out.to_lists(), strict=True):
-                stopped = bool(new) and new[-1] == config.eos_id
-                print(json.dumps({"prompt": prompt, "text": tokenizer.decode(new, skip_special_tokens=True),
+                text = tokenizer.decode(new, skip_special_tokens=True)
+                cut = cut_at_stop(text, args.stop or [])
+                by_string = cut != text or any(map(cut.endswith, args.stop or []))
+                stopped = (bool(new) and new[-1] == config.eos_id) or by_string
+                print(json.dumps({"prompt": prompt, "text": cut,
                                   "ids": new, "new_tokens": len(new), "stopped": stopped}, ensure_ascii=False),
                       flush=True)
                 total_tokens += len(new)
@@ -95,9 +103,9 @@ def run_generate(args: argparse.Namespace) -> int:
         if args.beams > 1:  # the best hypothesis is known only at the end
             out = generate(model, input_ids, beams=args.beams, length_penalty=args.length_penalty, **options)
             new = out.to_lists()[0]
-            print(tokenizer.decode(new, skip_special_tokens=True), flush=True)
+            print(cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), args.stop or []), flush=True)
         else:
-            text_stream = TextStream(tokenizer)
+            text_stream = TextStream(tokenizer, stops=args.stop or [])
             for tokens in stream(model, input_ids, **options):
                 text_stream.add(int(tokens[0]))
             text_stream.close()
@@ -125,6 +133,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="beam search with B beams (default 1: off)")
     p.add_argument("--length-penalty", type=float, default=1.0, metavar="L",
                    help="beam score = log p / length**L (default 1.0)")
+    p.add_argument("--stop", action="append", metavar="STRING",
+                   help="end the text once it holds STRING (kept; repeatable; not with --beams)")
+    p.add_argument("--repetition-penalty", type=positive_float, default=1.0, metavar="R",
+                   help="> 1 makes tokens already in the text less likely (CTRL; default 1: off)")
     p.add_argument("--seed", type=int, metavar="S", help="random seed: the same seed gives the same sample")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="one compiled fixed-shape step per token (CUDA graphs on a GPU); default: on for CUDA")

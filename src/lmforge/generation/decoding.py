@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,6 +39,7 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.generation.beam import beam_search
 from lmforge.generation.sampling import exponential_noise, next_token
+from lmforge.generation.sampling import repetition_penalty as repetition_penalty_
 from lmforge.generation.static import (
     FixedStep,
     compiled,
@@ -48,6 +50,8 @@ from lmforge.generation.static import (
     supports_fixed_shapes,
 )
 from lmforge.generation.steps import make_steps
+from lmforge.generation.text import StopStrings
+from lmforge.models.interfaces import is_encoder_decoder
 
 __all__ = ["GenerationOutput", "generate", "pad_prompts", "stream"]
 
@@ -94,7 +98,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
 
 
 def check_options(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
-                  top_p: float | None, beams: int) -> None:
+                  top_p: float | None, beams: int, repetition_penalty: float = 1.0) -> None:
     """Reject settings that make no sense, naming the option (the CLI prints it as one line)."""
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise LmforgeError(f"input_ids must have shape (batch, length >= 1), got {tuple(input_ids.shape)}")
@@ -108,6 +112,10 @@ def check_options(input_ids: torch.Tensor, max_new_tokens: int, temperature: flo
         raise LmforgeError(f"top_p must be in (0, 1], got {top_p}")
     if beams < 1:
         raise LmforgeError(f"beams must be >= 1, got {beams}")
+    if not repetition_penalty > 0:
+        raise LmforgeError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
+    if beams > 1 and repetition_penalty != 1.0:
+        raise LmforgeError("repetition_penalty: works with greedy decoding and sampling, not with beam search")
     if beams > 1 and (temperature > 0 or top_k is not None or top_p is not None):
         raise LmforgeError("beams: beam search is deterministic; use it with temperature 0 and no top_k/top_p")
 
@@ -140,20 +148,26 @@ def stream(
     logits_out: list[torch.Tensor] | None = None,
     compile: bool | None = None,
     check_every: int = 1,
+    repetition_penalty: float = 1.0,
+    stop_strings: Sequence[str] | StopStrings | None = None,
+    tokenizer: Any = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) step by step: greedy or sampled, with a KV cache.
 
     Arguments as in ``generate``. A row that has stopped yields ``pad_id``; the iteration ends when every
     row has stopped or after ``max_new_tokens`` steps. ``logits_out``, when given, receives each step's
     raw logits (B, V). Whether every row has stopped is read every ``check_every`` steps (a read waits for
-    the device); the steps in between yield ``pad_id`` for the rows that stopped.
+    the device); the steps in between yield ``pad_id`` for the rows that stopped. ``stop_strings`` (with the
+    ``tokenizer``) end a row when its text holds one of them; ``repetition_penalty`` θ > 1 makes tokens
+    already in the text less likely (``sampling.repetition_penalty``).
 
     >>> for tokens in stream(model, ids, max_new_tokens=3):    # doctest: +SKIP
     ...     print(tokenizer.decode(tokens.tolist()), end="", flush=True)
     """
-    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, 1)
+    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, 1, repetition_penalty)
     stop, pad_id = model_ids(model, stop_ids, pad_id)
     device = input_ids.device
+    text_stops = text_stops_for(stop_strings, tokenizer, input_ids.shape[0])
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     stop_tensor = torch.tensor(stop, dtype=torch.long, device=device) if stop else None
@@ -169,26 +183,38 @@ def stream(
             scores_shape = logits.shape if logits is not None else None
             finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)  # (B,)
             tokens = finished.long()  # replaced by the first choice
+            seen = None
+            if repetition_penalty != 1.0 and logits is not None:  # (B, V): the tokens each row's text holds
+                seen = seen_tokens(model, input_ids, attention_mask, logits.shape[-1])
             step = FixedStep(steps) if fixed and max_new_tokens > 1 and supports_fixed_shapes(steps) else None
             step_fn = compiled(decode_step, device.type) if step is not None else None
         for t in range(max_new_tokens):
             with torch.inference_mode():
                 if t == 0 or step is None:  # eager: the model step, then the choice
                     logits = logits if t == 0 else steps.next(tokens)
-                    tokens = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
-                    if stop_tensor is not None:
+                    scores = repetition_penalty_(logits, seen, repetition_penalty) if seen is not None else logits
+                    tokens = next_token(scores, temperature, top_k, top_p, generator)  # (B,)
+                    if stop_tensor is not None or text_stops is not None:
                         tokens = tokens.masked_fill(finished, pad_id)
+                    if stop_tensor is not None:
                         finished = finished | torch.isin(tokens, stop_tensor)
+                    if seen is not None:
+                        seen = seen.scatter(1, tokens[:, None], True)
                 else:  # one compiled call: model step, choice and stop bookkeeping
                     noise = exponential_noise(scores_shape, device, generator) if temperature > 0 else None
-                    out = step_fn(step, tokens, finished, noise, temperature, top_k, top_p, pad_id, stop_tensor)
+                    out = step_fn(step, tokens, finished, noise, temperature, top_k, top_p, pad_id, stop_tensor,
+                                  seen, repetition_penalty)
                     tokens, finished = out[0].clone(), out[1].clone()  # a CUDA graph reuses its outputs
                     logits = out[2].clone() if logits_out is not None else None
+                    seen = out[3].clone() if seen is not None else None
                     step.column += 1
+                if text_stops is not None:  # decoded on the host: one wait per token, only when asked for
+                    finished = finished | text_stops.update(tokens)
                 if logits_out is not None:
                     logits_out.append(logits)
             yield tokens
-            if t + 1 == max_new_tokens or (stop and (t + 1) % check_every == 0 and bool(finished.all())):
+            ends = stop or text_stops is not None
+            if t + 1 == max_new_tokens or (ends and (t + 1) % check_every == 0 and bool(finished.all())):
                 return
     finally:
         release_caches(model, caches)
@@ -217,6 +243,9 @@ def generate(
     start_id: int | None = None,
     output_logits: bool = False,
     compile: bool | None = None,
+    repetition_penalty: float = 1.0,
+    stop_strings: Sequence[str] | None = None,
+    tokenizer: Any = None,
 ) -> GenerationOutput:
     """Continue each prompt (decoder-only) or translate each source (encoder-decoder) by up to N tokens.
 
@@ -239,9 +268,15 @@ def generate(
         output_logits: also return every step's raw logits (B, N, V).
         compile: decode each token with one fixed-shape step compiled by ``torch.compile`` (CUDA graphs on
             CUDA; generation/static.py); None = on when the device is CUDA. Same tokens as eager.
+        repetition_penalty: θ > 1 makes tokens already in the text (prompt and new tokens) less likely
+            (CTRL, Keskar et al. 2019); greedy and sampling.
+        stop_strings: end a row once its new text holds one of these strings (kept, like stop tokens), with
+            ``tokenizer`` to decode; ``generation.text.cut_at_stop`` trims the text after it.
     """
-    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, beams)
+    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, beams, repetition_penalty)
     stop, pad = model_ids(model, stop_ids, pad_id)
+    if beams > 1 and stop_strings:
+        raise LmforgeError("stop_strings: beam search ends on stop tokens only; use greedy or sampling")
     if beams > 1:
         seqs, scores = run_beams(model, input_ids, attention_mask, beams, max_new_tokens, stop, pad,
                                  length_penalty, use_cache, start_id, wants_compile(compile, input_ids.device))
@@ -257,16 +292,24 @@ def generate(
     out = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=input_ids.device)  # (B, N)
     logits: list[torch.Tensor] | None = [] if output_logits else None
     n = 0
+    text_stops = text_stops_for(stop_strings, tokenizer, b)
     for n, tokens in enumerate(stream(model, input_ids, attention_mask, max_new_tokens, temperature, top_k,
                                       top_p, stop, pad, seed, generator, use_cache, start_id, logits, compile,
-                                      check_every=CHECK_EVERY), 1):
+                                      check_every=CHECK_EVERY, repetition_penalty=repetition_penalty,
+                                      stop_strings=text_stops), 1):
         out[:, n - 1] = tokens
     if stop:  # the steps past the last row's stop token (read every CHECK_EVERY steps) are dropped
         lengths = first_stop(out[:, :n], stop) + 1
         stopped = torch.isin(out[:, :n], torch.tensor(stop, device=out.device)).any(1)
-        n = int(lengths.max()) if n and bool(stopped.all()) else n
     else:
         lengths = torch.full((b,), n, device=input_ids.device)
+        stopped = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
+    if text_stops is not None:  # a stop string can end a row before (or without) a stop token
+        by_text = torch.tensor([e if e is not None else n for e in text_stops.ends], device=lengths.device)
+        lengths = torch.minimum(lengths, by_text)
+        stopped = stopped | torch.tensor([e is not None for e in text_stops.ends], device=stopped.device)
+    if (stop or text_stops is not None) and n and bool(stopped.all()):
+        n = int(lengths.max())
     stacked = torch.stack(logits[:n], dim=1) if logits else None  # (B, N, V)
     return GenerationOutput(out[:, :n], lengths, stacked)
 
@@ -287,6 +330,29 @@ def run_beams(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.T
                 return fixed_step[0].next(tokens, compiled(fixed_logits, input_ids.device.type))
 
         return beam_search(steps, input_ids.shape[0], beams, max_new_tokens, stop, pad, length_penalty, step_fn)
+
+
+def text_stops_for(strings: Sequence[str] | StopStrings | None, tokenizer: Any, batch: int) -> StopStrings | None:
+    """The stop-string tracker for ``strings`` (None when there are none)."""
+    if strings is None or isinstance(strings, StopStrings):
+        return strings
+    if not strings:
+        return None
+    if tokenizer is None:
+        raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
+    return StopStrings(tokenizer, strings, batch)
+
+
+def seen_tokens(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                vocab: int) -> torch.Tensor:
+    """(B, V) bool: the prompt's tokens (a decoder's text starts with its prompt; an encoder-decoder's output
+    does not hold its source), padding left out."""
+    seen = torch.zeros(input_ids.shape[0], vocab, dtype=torch.bool, device=input_ids.device)
+    if is_encoder_decoder(model):
+        return seen
+    real = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
+    hits = torch.zeros(input_ids.shape[0], vocab, dtype=torch.long, device=input_ids.device)
+    return hits.scatter_reduce(1, input_ids, real, "amax").bool()
 
 
 def first_stop(tokens: torch.Tensor, stop: Sequence[int]) -> torch.Tensor:

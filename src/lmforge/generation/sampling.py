@@ -4,6 +4,7 @@
     temperature:  p_v = softmax(z / T)_v           T -> 0 is greedy, T = 1 the model, T > 1 flatter
     top-k:        keep the k largest z_v, renormalise                       (Fan et al. 2018)
     top-p:        keep the smallest set of most likely tokens whose mass is >= p   (Holtzman et al. 2019)
+    repetition:   z_v / θ if z_v > 0 else z_v · θ, for tokens v already in the text   (Keskar et al. 2019)
 
 Filters set removed logits to -inf, so the softmax that follows renormalises over what is left.
 Every function works on a batch of rows, logits (B, V), with shapes that do not depend on the values
@@ -50,6 +51,19 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     drop_sorted = mass_before >= p  # (B, V) in sorted order; position 0 always has mass_before = 0
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
+
+
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's penalty (as Hugging Face's ``repetition_penalty``): a token already in the text is made less
+    likely, its logit divided by θ when positive and multiplied by θ when negative (θ > 1 penalises).
+
+    logits (B, V), seen (B, V) bool: which tokens each row's text holds.
+
+    >>> repetition_penalty(torch.tensor([[2.0, -1.0, 3.0]]), torch.tensor([[True, True, False]]), 2.0).tolist()
+    [[1.0, -2.0, 3.0]]
+    """
+    z = logits.float()
+    return torch.where(seen, torch.where(z > 0, z / penalty, z * penalty), z)
 
 
 def next_token(

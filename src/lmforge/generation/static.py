@@ -31,7 +31,7 @@ import weakref
 import torch
 from torch import nn
 
-from lmforge.generation.sampling import next_token
+from lmforge.generation.sampling import next_token, repetition_penalty
 from lmforge.generation.steps import DecoderSteps, Seq2SeqSteps
 from lmforge.models.interfaces import is_encoder_decoder
 from lmforge.nn.layers import LayerCache
@@ -88,17 +88,23 @@ def fixed_logits(step: FixedStep, tokens: torch.Tensor) -> torch.Tensor:
 
 def decode_step(step: FixedStep, tokens: torch.Tensor, finished: torch.Tensor, noise: torch.Tensor | None,
                 temperature: float, top_k: int | None, top_p: float | None, pad_id: int,
-                stop: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One token of every row: (tokens (B,), finished (B,)) -> (next tokens, finished, their logits (B, V)).
+                stop: torch.Tensor | None, seen: torch.Tensor | None = None, penalty: float = 1.0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One token of every row: (tokens (B,), finished (B,)) -> (next tokens, finished, their logits (B, V),
+    seen (B, V) updated).
 
-    A row that has stopped gets ``pad_id``; a row whose token is in ``stop`` is finished from now on.
+    A row that has stopped gets ``pad_id``; a row whose token is in ``stop`` is finished from now on. With
+    ``seen`` (the tokens each row's text holds), the repetition penalty applies before the choice.
     """
     logits = step(tokens)
-    chosen = next_token(logits, temperature, top_k, top_p, noise=noise)  # (B,)
+    scores = repetition_penalty(logits, seen, penalty) if seen is not None else logits
+    chosen = next_token(scores, temperature, top_k, top_p, noise=noise)  # (B,)
     if stop is not None:
         chosen = chosen.masked_fill(finished, pad_id)
         finished = finished | torch.isin(chosen, stop)
-    return chosen, finished, logits
+    if seen is not None:
+        seen = seen.scatter(1, chosen[:, None], True)
+    return chosen, finished, logits, seen
 
 
 @functools.cache
