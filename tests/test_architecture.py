@@ -67,7 +67,8 @@ def test_the_package_root_holds_only_the_facade_and_the_base_modules():
     loose = sorted(p.name for p in PACKAGE.iterdir() if p.is_file() and p.name not in ROOT_FILES)
     assert loose == [], f"files at the package root: {loose} (engine package, workflows/ or cli/)"
     packages = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert packages == sorted([*ENGINE, "workflows", "cli"])
+    assert packages == sorted([*ENGINE, "workflows", "cli", "recipes"])  # recipes/: data (configs/), no code
+    assert not list((PACKAGE / "recipes").glob("*.py"))
 
 
 def test_no_import_cycles():

@@ -82,3 +82,14 @@ def test_training_flags_are_shortcuts_for_the_recipe(tmp_path, capsys):
                  "--compile", "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)["finetune"]
     assert (printed["precision"], printed["compile"], printed["model"]) == ("fp16", True, "m")
+
+
+def test_packaged_recipes_work_from_any_directory(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    assert main(["pretrain", "--config", "gpt-mini", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["data"]["objective"] == "clm"
+    assert main(["pretrain", "--config", "gpt-mni", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "gpt-mni: no such recipe file" in err and "gpt-mini" in err

@@ -245,6 +245,26 @@ def _deep_copy(value: Any) -> Any:
     return value
 
 
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # the recipes that ship with lmforge (configs/)
+
+
+def find_recipe(name: str | Path) -> Path:
+    """A recipe file: ``name`` itself when it exists, else the packaged recipe of that name
+    (``--config gpt-mini`` works from any directory; ``configs/gpt-mini.yaml`` in a checkout is the same file).
+
+    >>> find_recipe("gpt-mini").name
+    'gpt-mini.yaml'
+    """
+    path = Path(name)
+    if path.exists() or len(path.parts) > 1:
+        return path
+    packaged = RECIPES / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if packaged.is_file():
+        return packaged
+    known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
+    raise LmforgeError(f"{name}: no such recipe file, and no recipe of that name ships with lmforge ({known})")
+
+
 def load_recipe(
     path: str | Path, overrides: list[str] | None = None, schemas: dict[str, type] | None = None
 ) -> dict[str, Any]:
@@ -253,7 +273,7 @@ def load_recipe(
     Returns the resolved recipe (a dict of sections); ``TrainConfig.from_dict(recipe["train"])``
     gives the trainer's config.
     """
-    path = Path(path)
+    path = find_recipe(path)
     try:
         data = path.read_bytes()
     except OSError as err:

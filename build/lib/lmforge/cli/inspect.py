@@ -1,0 +1,198 @@
+"""``lmforge attention`` and ``lmforge embed``: look inside any model ``lmforge.load`` reads.
+
+    lmforge attention --model DIR --text "Juventus lost from Ajax" --out juve.html        explorer page
+    lmforge attention --model DIR --text "..." --out layer2.png --layer 2                 12 heads of layer 2
+    lmforge attention --model DIR --text "..." --out rollout.png --rollout                rollout over layers
+    lmforge embed --model DIR --out vectors.npy "first text" "second text"                (N, D) float32
+    echo "one text a line" | lmforge embed --model DIR --layer 3 --pooling cls --out v.jsonl
+    lmforge embed --model DIR --similar king                    nearest input embeddings (cosine)
+    lmforge embed --model DIR --analogy man king woman          king - man + woman
+    lmforge embed --model DIR --analogy A B C "text 1" "text 2"     the texts nearest to B - A + C
+    lmforge embed --model DIR --query "who won?" "text 1" "text 2"   texts ranked by cosine to the query
+
+Texts come from TEXT arguments, or from standard input one a line. Results go to standard output as
+JSON lines; notes go to standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lmforge.cli.common import add_common, add_input_errors, apply_threads, input_lines, non_negative_int, positive_int
+from lmforge.errors import LmforgeError
+
+
+def _out_for(out: Path, n: int, total: int) -> Path:
+    return out if total == 1 else out.with_name(f"{out.stem}-{n}{out.suffix}")
+
+
+def display_name(model_dir: str) -> str:
+    """A model's name for titles: its folder, with the parent when the folder is just ``model``."""
+    path = Path(model_dir).resolve()
+    return f"{path.parent.name}/{path.name}" if path.name == "model" else path.name
+
+
+def _load(args: argparse.Namespace):
+    from lmforge import load
+
+    apply_threads(args)
+    path = args.model
+    model, tokenizer = load(path, device=args.device)
+    if tokenizer is None:
+        raise LmforgeError(f"--model: {path} has no tokenizer file (tokenizer.json or vocab.txt)")
+    return model, tokenizer
+
+
+# -- lmforge attention ------------------------------------------------------------------------------------
+def run_attention(args: argparse.Namespace) -> int:
+    from lmforge.viz.attention import plot_attention, plot_rollout
+    from lmforge.viz.explorer import write_attention_page
+    from lmforge.workflows.inspect import attention_maps, attention_rollout
+
+    out = Path(args.out)
+    kind = out.suffix.lower()
+    if kind not in (".png", ".html"):
+        raise LmforgeError(f"--out: {out} must end in .png or .html")
+    if args.rollout and kind != ".png":
+        raise LmforgeError("--rollout draws a PNG: give --out FILE.png")
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
+    if not texts:
+        raise LmforgeError("--text: no text given (argument or standard input)")
+    model, tokenizer = _load(args)
+    name = args.name or display_name(args.model)
+    for n, text in enumerate(texts, 1):
+        maps = attention_maps(model, tokenizer, text, target=args.target)
+        path = _out_for(out, n, len(texts))
+        view = maps.view(args.view)
+        if kind == ".html":
+            write_attention_page(maps, path, model_name=name, view=args.view, layer=args.layer, head=args.head)
+        elif args.rollout:
+            if view.name == "cross":
+                raise LmforgeError("--rollout: cross-attention has no rollout; choose --view encoder or decoder")
+            plot_rollout(view.queries, attention_rollout(view.weights), path,
+                         title=f"attention rollout, {name}, {view.label}")
+        else:
+            plot_attention(view, path, args.layer, args.head, title=f"{name}: {view.label}")
+            others = [v for v in maps.views if v != view.name]
+            if others and n == 1:
+                print(f"lmforge: drew the {view.name} view; --view {' | '.join(others)} draws the others",
+                      file=sys.stderr)
+        shapes = {v.name: list(v.weights.shape) for v in maps.views.values()}
+        print(json.dumps({"out": str(path), "text": text, "tokens": view.queries, "target": maps.target,
+                          "shapes": shapes}, ensure_ascii=False), flush=True)
+    return 0
+
+
+# -- lmforge embed ----------------------------------------------------------------------------------------
+def _mix_weights(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise LmforgeError(f"--mix-weights: expected numbers separated by commas, got {text!r}") from None
+
+
+def run_embed(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from lmforge.workflows.embed import analogy, embed, most_similar, rank_texts, text_analogy
+
+    if args.mix_weights is not None and not args.mix:
+        raise LmforgeError("--mix-weights needs --mix")
+    model, tokenizer = _load(args)
+    if args.similar is not None:
+        for token, cos in most_similar(model, tokenizer, args.similar, args.k, subwords=args.subwords):
+            print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
+        return 0
+    if args.analogy is not None and args.text:  # over the TEXT arguments' contextual embeddings
+        a, b, c = args.analogy
+        found = text_analogy(model, tokenizer, a, b, c, args.text, args.k, layer=args.layer, mix=args.mix,
+                             mix_weights=_mix_weights(args.mix_weights), gamma=args.gamma, pooling=args.pooling,
+                             exclude_special=args.exclude_special, batch_size=args.batch_size)
+        for text, cos in found:
+            print(json.dumps({"text": text, "cosine": round(cos, 4)}, ensure_ascii=False))
+        return 0
+    if args.analogy is not None:
+        a, b, c = args.analogy
+        for token, cos in analogy(model, tokenizer, a, b, c, args.k, subwords=args.subwords):
+            print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
+        return 0
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
+    if not texts:
+        raise LmforgeError("TEXT: no text given (arguments or standard input)")
+    options = dict(layer=args.layer, mix=args.mix, mix_weights=_mix_weights(args.mix_weights), gamma=args.gamma,
+                   pooling=args.pooling, exclude_special=args.exclude_special, batch_size=args.batch_size)
+    if args.query is not None:
+        vectors = embed(model, tokenizer, [args.query, *texts], **options)  # (1 + N, D)
+        for row, cos in rank_texts(vectors[0], vectors[1:], args.k):
+            print(json.dumps({"text": texts[row], "cosine": round(cos, 4)}, ensure_ascii=False))
+        return 0
+    vectors = embed(model, tokenizer, texts, **options)  # (N, D)
+    if args.out is None:
+        for text, v in zip(texts, vectors, strict=True):
+            print(json.dumps({"text": text, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False))
+        return 0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".npy":
+        np.save(out, vectors)
+    elif out.suffix in (".jsonl", ".json"):
+        with out.open("w", encoding="utf-8") as f:
+            for text, v in zip(texts, vectors, strict=True):
+                f.write(json.dumps({"text": text, "embedding": [float(x) for x in v]}, ensure_ascii=False) + "\n")
+    else:
+        raise LmforgeError(f"--out: {out} must end in .npy or .jsonl")
+    where = "mix" if args.mix else ("last" if args.layer is None else args.layer)
+    print(json.dumps({"out": str(out), "shape": list(vectors.shape), "layer": where, "pooling": args.pooling}))
+    return 0
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("attention", help="attention heatmaps (PNG) or the HTML attention explorer of a text",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", metavar="DIR", required=True, help="model directory (lmforge or Hugging Face)")
+    p.add_argument("--text", metavar="TEXT", help="the text (default: one text per line of standard input)")
+    p.add_argument("--out", metavar="FILE", required=True,
+                   help="FILE.png (heatmaps) or FILE.html (explorer); several texts give FILE-1, FILE-2, ...")
+    p.add_argument("--layer", type=int, metavar="L", help="PNG: only layer L (0 = first); HTML: the layer shown first")
+    p.add_argument("--head", type=non_negative_int, metavar="H",
+                   help="PNG: only head H (with --layer: one large heatmap); HTML: the head shown first")
+    p.add_argument("--view", choices=["encoder", "decoder", "cross"],
+                   help="encoder-decoder: the attention drawn in the PNG / shown first in the HTML (default encoder)")
+    p.add_argument("--target", metavar="TEXT",
+                   help="encoder-decoder: the decoder's text (default: the model's own greedy output)")
+    p.add_argument("--rollout", action="store_true", help="PNG of the attention rollout across layers")
+    p.add_argument("--name", metavar="NAME", help="model name shown in titles (default: the directory's name)")
+    add_input_errors(p)
+    add_common(p, device="cpu")
+    p.set_defaults(handler=run_attention)
+
+    p = sub.add_parser("embed", help="sentence embeddings (.npy / JSON lines); similar words and analogies",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", metavar="DIR", required=True, help="model directory (lmforge or Hugging Face)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--layer", type=int, metavar="L",
+                       help="hidden state L (0 = embeddings, -1 = last; default: last)")
+    which.add_argument("--mix", action="store_true", help="ELMo scalar mix of all layers (uniform by default)")
+    p.add_argument("--mix-weights", metavar="W,W,...", help="with --mix: one weight per hidden state, normalised")
+    p.add_argument("--gamma", type=float, default=1.0, help="with --mix: scale of the mix (default 1)")
+    p.add_argument("--pooling", choices=["mean", "cls", "last"], default="mean",
+                   help="mean over real tokens (default), the first token, or the last real token")
+    p.add_argument("--exclude-special", action="store_true", help="leave [CLS], [SEP], ... out of the mean")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N")
+    p.add_argument("--out", metavar="FILE", help="FILE.npy (N, D) or FILE.jsonl; default: JSON lines on stdout")
+    p.add_argument("--query", metavar="TEXT", help="rank the texts by cosine to this one instead")
+    p.add_argument("--similar", metavar="WORD", help="nearest vocabulary entries to WORD's input embedding")
+    p.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),
+                   help="A is to B as C is to ?: B - A + C over input embeddings (words), or with TEXT arguments "
+                   "over their sentence embeddings")
+    p.add_argument("-k", type=positive_int, default=10, help="how many neighbours or texts to list (default 10)")
+    p.add_argument("--subwords", action="store_true", help="also return ## continuation pieces as neighbours")
+    add_input_errors(p)
+    add_common(p, device="cpu")
+    p.add_argument("text", nargs="*", metavar="TEXT")
+    p.set_defaults(handler=run_embed)

@@ -1,0 +1,74 @@
+"""``lmforge``: collect the command groups, run the chosen handler, turn ``LmforgeError`` into one line.
+
+Output contract, the same for every command: results go to standard output as JSON lines (or plain text
+where a command says so), progress and logs to standard error; ``--quiet`` keeps only results and errors.
+Building the parser imports only the standard library: ``lmforge --version`` and ``lmforge COMMAND --help``
+answer without loading torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import sys
+
+from lmforge import __version__
+from lmforge.cli.common import Parser
+from lmforge.errors import LmforgeError
+
+# Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
+COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate", "translate", "finetune",
+                  "inspect"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="lmforge",
+        description="Build, pretrain, fine-tune and inspect Transformer language models.",
+        epilog="Input is read from standard input when TEXT is not given, one item a line. "
+        "Results go to standard output as JSON lines; progress and logs go to standard error.",
+    )
+    parser.add_argument("--version", action="version", version=f"lmforge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_GROUPS:
+        importlib.import_module(f"lmforge.cli.{name}").add_commands(sub)
+    return parser
+
+
+@contextlib.contextmanager
+def quiet_stderr(enabled: bool):
+    """With --quiet, progress and logs written to standard error are dropped; errors still reach it."""
+    if not enabled:
+        yield
+        return
+    real, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        yield
+    finally:
+        sys.stderr = real
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with quiet_stderr(getattr(args, "quiet", False)):
+            return int(args.handler(args) or 0)
+    except LmforgeError as err:
+        print(f"lmforge: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the file system said no (permissions, a directory for a file, ...)
+        if err.filename is None:
+            raise
+        print(f"lmforge: error: {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lmforge: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""Model directories in and out: any directory ``lmforge.load`` reads, and the outputs of fine-tuning.
+
+    lmforge's own        config.json + model.safetensors (+ tokenizer.json)       models.registry
+    Hugging Face         a BERT / GPT-2 folder (config.json with model_type)      interop.huggingface
+    adapter output       adapter_config.json + adapter.safetensors: the base model is read from its own
+                         directory, wrapped as in training (models.strategies), the trained tensors loaded
+                         and LoRA merged
+
+``save_finetuned`` writes either kind of fine-tuning output; ``load_finetuned`` rebuilds it with its task
+and label names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from lmforge.errors import LmforgeError
+from lmforge.models.strategies import StrategySpec, apply_strategy, task_model
+from lmforge.nn.lora import LORA_TARGETS
+
+ADAPTER_FILE, ADAPTER_CONFIG = "adapter.safetensors", "adapter_config.json"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what lmforge.tokenizers.load_tokenizer reads
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    return any((Path(folder) / name).exists() for name in TOKENIZER_FILES)
+
+
+def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True) -> tuple[nn.Module, Any]:
+    """(model in eval mode, tokenizer or None) from any model directory (see the module docstring)."""
+    from lmforge.interop.huggingface import is_hf_dir, load_hf
+    from lmforge.models.registry import load_pretrained
+    from lmforge.nn.device import resolve_device
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise LmforgeError(f"{folder}: not a model directory")
+    device = resolve_device(device, "device") if device is not None else None
+    if (folder / ADAPTER_CONFIG).is_file():  # LoRA / adapter output of `lmforge finetune`
+        model, tok, _ = load_finetuned(folder, device)
+        return model, tok
+    if not (folder / "config.json").exists():
+        raise LmforgeError(f"{folder}: no config.json (not a model directory)")
+    model = load_hf(folder, device) if is_hf_dir(folder) else load_pretrained(folder, device)
+    tok = None
+    if tokenizer and has_tokenizer(folder):
+        from lmforge.tokenizers import load_tokenizer
+
+        tok = load_tokenizer(folder)
+    return model, tok
+
+
+def load_tokenizer_for(model_dir: str | Path, config: Any, tokenizer_dir: str | Path | None = None):
+    """The model's tokenizer (or ``tokenizer_dir``'s), checked against the model's vocabulary."""
+    from lmforge.tokenizers import load_tokenizer
+
+    where = Path(tokenizer_dir or model_dir)
+    if not has_tokenizer(where):
+        raise LmforgeError(f"{where}: no tokenizer (tokenizer.json or vocab.txt)")
+    tok = load_tokenizer(where)
+    if tok.vocab_size != config.vocab_size:
+        raise LmforgeError(f"{where}: the tokenizer has {tok.vocab_size} tokens but the model {model_dir} "
+                           f"expects vocab_size {config.vocab_size}: tokenizer and model do not match")
+    if tok.pad_id is None:
+        raise LmforgeError(f"{where}: the tokenizer has no padding token")
+    return tok
+
+
+def build_task_model(model_dir: str | Path, task: str, num_labels: int, tokenizer_dir: str | Path | None = None):
+    """(task model with a fresh head, tokenizer): the backbone of ``model_dir`` under a classification head."""
+    from lmforge.models.strategies import backbone_config
+
+    base, _ = load(model_dir, tokenizer=False)
+    try:
+        model = task_model(base, task, num_labels)
+    except LmforgeError as err:
+        raise LmforgeError(f"{model_dir}: {err}") from None
+    return model, load_tokenizer_for(model_dir, backbone_config(model), tokenizer_dir)
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def weights_sha256(model_dir: Path) -> str | None:
+    """sha256 of a model directory's weights file: what an adapter was trained on top of."""
+    from lmforge.files import sha256_file
+
+    found = next((model_dir / n for n in WEIGHT_FILES if (model_dir / n).is_file()), None)
+    return sha256_file(found) if found else None
+
+
+def find_base_model(folder: Path, info: dict[str, Any]) -> Path:
+    """The base model an adapter directory names: as given (absolute, or relative to the working directory),
+    else relative to the adapter directory (both moved together); checked against its recorded sha256."""
+    given = Path(info["base_model"])
+    candidates = [given]
+    if "base_model_relative" in info or not given.is_absolute():
+        candidates.append(folder / info.get("base_model_relative", given))
+    base = next((c for c in candidates if (c / "config.json").is_file()), None)
+    if base is None:
+        tried = " or ".join(str(c) for c in candidates)
+        raise LmforgeError(f"{folder / ADAPTER_CONFIG}: base_model {str(given)!r} not found (tried {tried}); put "
+                           "the base model there or edit base_model in that file")
+    expected = info.get("base_model_sha256")
+    if expected and weights_sha256(base) != expected:
+        raise LmforgeError(f"{folder / ADAPTER_CONFIG}: the base model at {base} is not the one this adapter was "
+                           "trained on (its weights' sha256 differs)")
+    return base
+
+
+def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any], merge: bool = False) -> int:
+    """Write a fine-tuned model into ``out``; returns the checkpoint's size in bytes.
+
+    full / frozen / merge: a full model directory (config.json with task and labels, model.safetensors,
+    tokenizer). lora / adapter / frozen with mix: adapter.safetensors (trained tensors only, head included),
+    adapter_config.json and the tokenizer; the base model is read from its own directory at load time.
+    """
+    from lmforge.files import write_text_atomic
+    from lmforge.models.registry import WEIGHTS_NAME, save_pretrained, save_weights
+    from lmforge.nn.lora import remove_wrappers, trainable_state_dict
+
+    out.mkdir(parents=True, exist_ok=True)
+    if merge:
+        remove_wrappers(model)
+    if not merge and (info["strategy"] in ("lora", "adapter") or info["mix"]):
+        save_weights(trainable_state_dict(model), out / ADAPTER_FILE)
+        base = Path(info["base_model"])
+        meta = {"format": "lmforge-adapter", "version": 2, **info, "base_model": str(info["base_model"]),
+                "base_model_relative": os.path.relpath(base.resolve(), out.resolve()),
+                "base_model_sha256": weights_sha256(base)}
+        write_text_atomic(out / ADAPTER_CONFIG, json.dumps(meta, indent=1) + "\n")
+        tokenizer.save(out)
+        return (out / ADAPTER_FILE).stat().st_size
+    save_pretrained(model, out, tokenizer, extra={"task": info["task"], "labels": list(info["labels"])})
+    return (out / WEIGHTS_NAME).stat().st_size
+
+
+def load_finetuned(path: str | Path, device: str | None = None) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """(model in eval mode, tokenizer, info with task and labels) from any fine-tuned directory.
+
+    Adapter-only directories are rebuilt: load the base model, wrap it as in training, load the trained
+    tensors, merge LoRA (inference then costs what the base model costs). Full directories load directly;
+    a Hugging Face ``BertFor{Sequence,Token}Classification`` folder works too (labels from id2label).
+    """
+    from lmforge.models.config import read_json
+    from lmforge.models.registry import load_weights, read_weights
+    from lmforge.nn.lora import merge_lora
+
+    folder = Path(path)
+    if (folder / ADAPTER_CONFIG).is_file():
+        info = read_json(folder / ADAPTER_CONFIG)
+        for key in ("base_model", "strategy", "task", "labels"):
+            if key not in info:
+                raise LmforgeError(f"{folder / ADAPTER_CONFIG}: missing field {key!r}")
+        lora, adapter = info.get("lora") or {}, info.get("adapter") or {}
+        spec = StrategySpec(strategy=info["strategy"], mix=bool(info.get("mix")), lora_r=lora.get("r", 8),
+                            lora_alpha=lora.get("alpha", 16.0), lora_targets=lora.get("targets", list(LORA_TARGETS)),
+                            adapter_size=adapter.get("size", 64))
+        tok_dir = folder if (folder / "tokenizer.json").is_file() else None
+        base = find_base_model(folder, info)
+        model, tok = build_task_model(base, info["task"], len(info["labels"]), tok_dir)
+        model = apply_strategy(model, spec)
+        tensors = read_weights(folder / ADAPTER_FILE)
+        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        missing = sorted(trained - set(tensors))
+        if missing:
+            raise LmforgeError(f"{folder / ADAPTER_FILE}: missing tensor {missing[0]!r} for this {spec.strategy} model")
+        load_weights(model, tensors, str(folder / ADAPTER_FILE), optional=("",))
+        merge_lora(model)
+    else:
+        model, tok = load(folder)
+        if tok is None:
+            raise LmforgeError(f"{folder}: no tokenizer (tokenizer.json or vocab.txt)")
+        data = read_json(folder / "config.json")
+        kind = type(model).__name__
+        if "Classification" not in kind:
+            raise LmforgeError(f"{folder}: the {kind} in it has no classification head; fine-tune it first "
+                               "(lmforge finetune --model DIR ...)")
+        id2label = data.get("id2label") or {}
+        names = data.get("labels") or [id2label.get(str(i), f"LABEL_{i}") for i in range(model.num_labels)]
+        info = {"task": "seq-cls" if "Sequence" in kind else "token-cls", "labels": list(names),
+                "max_len": model.config.max_positions}
+    if device is not None:
+        model.to(device)
+    return model.eval(), tok, info

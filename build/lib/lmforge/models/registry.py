@@ -1,0 +1,198 @@
+"""Model directories: build a model from its config, save and load weights, count parameters.
+
+A model directory holds ``config.json`` (the config's fields, plus ``architecture`` and, for
+classifiers, ``num_labels``/``labels``), ``model.safetensors`` (tied weights stored once) and the
+tokenizer files. Weights are read with safetensors only: loading never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lmforge.errors import LmforgeError
+from lmforge.files import atomic_path
+from lmforge.models.captioning import GridCaptioner
+from lmforge.models.cnn import CNNForSequenceClassification, SentenceCNN
+from lmforge.models.config import Config, config_from_dict, config_path, read_json
+from lmforge.models.decoder import Decoder
+from lmforge.models.dual_encoder import DualEncoder
+from lmforge.models.elmo import BiLM, BiLMForSequenceClassification, BiLMForTokenClassification
+from lmforge.models.encoder import (
+    Encoder,
+    EncoderForPreTraining,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
+)
+from lmforge.models.rnn_seq2seq import RNNSeq2Seq
+from lmforge.models.seq2seq import Seq2Seq
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {
+    # Transformers
+    "Encoder": Encoder,
+    "EncoderForPreTraining": EncoderForPreTraining,
+    "EncoderForSequenceClassification": EncoderForSequenceClassification,
+    "EncoderForTokenClassification": EncoderForTokenClassification,
+    "Decoder": Decoder,
+    "Seq2Seq": Seq2Seq,
+    # the roots: recurrent and convolutional models
+    "BiLM": BiLM,
+    "BiLMForSequenceClassification": BiLMForSequenceClassification,
+    "BiLMForTokenClassification": BiLMForTokenClassification,
+    "RNNSeq2Seq": RNNSeq2Seq,
+    "SentenceCNN": SentenceCNN,
+    "CNNForSequenceClassification": CNNForSequenceClassification,
+    # beyond token sequences
+    "GridCaptioner": GridCaptioner,
+    "DualEncoder": DualEncoder,
+}
+DEFAULT_ARCHITECTURE = {  # config kind -> the base model built when no architecture is named
+    "encoder": "Encoder",
+    "decoder": "Decoder",
+    "seq2seq": "Seq2Seq",
+    "bilm": "BiLM",
+    "rnn-seq2seq": "RNNSeq2Seq",
+    "cnn": "SentenceCNN",
+    "grid-captioner": "GridCaptioner",
+    "dual-encoder": "DualEncoder",
+}
+WEIGHTS_NAME = "model.safetensors"
+
+
+def build_model(config: Config, architecture: str | None = None, num_labels: int | None = None) -> nn.Module:
+    """A freshly initialised model of ``architecture`` (default: the config kind's base model)."""
+    name = architecture or DEFAULT_ARCHITECTURE[config.kind]
+    if name not in ARCHITECTURES:
+        raise LmforgeError(f"unknown architecture {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+    cls = ARCHITECTURES[name]
+    if "Classification" in name:
+        if not num_labels:
+            raise LmforgeError(f"architecture {name} needs num_labels in config.json")
+        return cls(config, num_labels)
+    return cls(config)
+
+
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """{alias: owner} for parameters registered under two names (an LM head tied to the embeddings)."""
+    owners: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in owners:
+            aliases[name] = owners[id(p)]
+        else:
+            owners[id(p)] = name
+    return aliases
+
+
+def state_dict_untied(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each tied tensor stored once, contiguous, on the CPU."""
+    aliases = tied_aliases(model)
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in aliases}
+
+
+def save_weights(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (temporary file beside it, then rename)."""
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt", **(metadata or {})})
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike, tokenizer: Any = None,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write config.json and model.safetensors (and the tokenizer, if given) into ``directory``."""
+    out = Path(directory)
+    info: dict[str, Any] = {"architecture": type(model).__name__}
+    if getattr(model, "num_labels", None):
+        info["num_labels"] = model.num_labels
+    save_weights(state_dict_untied(model), out / WEIGHTS_NAME)
+    model.config.save(out, {**info, **(extra or {})})
+    if tokenizer is not None:
+        tokenizer.save(out)
+    return out
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, or ``pytorch_model.bin`` read with ``weights_only=True``."""
+    if not path.exists():
+        raise LmforgeError(f"{path}: no such file")
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, RuntimeError, OSError, ValueError) as err:
+        raise LmforgeError(f"{path}: cannot read weights ({str(err).splitlines()[0]})") from None
+    if not isinstance(state, dict):
+        raise LmforgeError(f"{path}: expected a dict of tensors, got {type(state).__name__}")
+    return state
+
+
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str,
+                 optional: tuple[str, ...] = ()) -> list[str]:
+    """Copy ``tensors`` into ``model``, checking names and shapes first; errors name the tensor.
+
+    Tensors whose names start with one of ``optional`` may be absent: they keep their initial values.
+    Returns the names of those that were absent.
+    """
+    expected = model.state_dict()
+    aliases = tied_aliases(model)
+    for name in tensors:
+        if name not in expected:
+            raise LmforgeError(f"{source}: unexpected tensor {name!r} (not in {type(model).__name__})")
+    for name, want in expected.items():  # in the model's order: the first misfit is reported
+        value = tensors.get(name)
+        if value is not None and tuple(value.shape) != tuple(want.shape):
+            raise LmforgeError(
+                f"{source}: tensor {name!r} has shape {tuple(value.shape)} but the config expects "
+                f"{tuple(want.shape)}"
+            )
+    absent = [k for k in expected if k not in tensors and k not in aliases]
+    missing = [k for k in absent if not k.startswith(optional)] if optional else absent
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise LmforgeError(f"{source}: missing tensor(s) {', '.join(missing[:3])}{more}")
+    model.load_state_dict(tensors, strict=False)
+    return [k for k in absent if k not in missing]
+
+
+def load_pretrained(directory: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
+    """The model saved by ``save_pretrained`` in ``directory``, in eval mode."""
+    folder = Path(directory)
+    cfg_file = config_path(folder)
+    data = read_json(cfg_file)
+    config = config_from_dict(data, str(cfg_file))
+    model = build_model(config, data.get("architecture"), data.get("num_labels"))
+    weights = folder / WEIGHTS_NAME
+    load_weights(model, read_weights(weights), str(weights))
+    if device is not None:
+        model.to(device)
+    return model.eval()
+
+
+def component(name: str) -> str:
+    parts = name.split(".")
+    if any(p in ("embeddings", "tok_emb", "pos_emb", "type_emb", "embed") for p in parts):
+        return "embeddings"
+    if any(p in ("layers", "encoder_layers", "decoder_layers", "norm_f") for p in parts):
+        return "layers"
+    if "pooler" in parts:
+        return "pooler"
+    return "heads"
+
+
+def count_parameters(model: nn.Module, by_component: bool = True) -> dict[str, int] | int:
+    """Parameters counted once each (tied weights once): a total, or split into components.
+
+    >>> from lmforge.models.config import get_preset
+    >>> count_parameters(Encoder(get_preset("bert-base")))["total"]
+    109482240
+    """
+    counts = {"embeddings": 0, "layers": 0, "pooler": 0, "heads": 0}
+    for name, p in model.named_parameters():  # duplicates (tied) removed
+        counts[component(name)] += p.numel()
+    counts["total"] = sum(counts.values())
+    return counts if by_component else counts["total"]

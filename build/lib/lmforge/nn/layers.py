@@ -1,0 +1,192 @@
+"""The position-wise feed-forward network and the Transformer layer, one class for every model type.
+
+A layer is self-attention, an optional cross-attention over an encoder's output, and a feed-forward
+network, each wrapped in a residual connection and a layer normalisation. ``norm_position`` says where
+the normalisation sits:
+
+    'post' (Vaswani et al. 2017, BERT):   x = LN(x + Sublayer(x))
+    'pre'  (GPT-2, most modern LMs):      x = x + Sublayer(LN(x))
+
+Post-LN is what the original paper draws; pre-LN trains more stably for deep stacks because the
+residual path stays an identity (it needs a final LN after the last layer, which the models add).
+
+``norm`` picks the normalisation (LayerNorm or RMSNorm, ``lmforge.nn.norms``) and ``activation`` the
+feed-forward non-linearity, including the two of the modern recipe (docs/modern.md):
+
+    relu2   (So et al. 2021, Primer):      FFN(x) = relu(x W_1ᵀ)² W_2ᵀ
+    swiglu  (Shazeer 2020, LLaMA):         FFN(x) = (silu(x W_gᵀ) ⊙ x W_uᵀ) W_2ᵀ,   W_1 = [W_g; W_u]
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.nn.attention import MultiHeadAttention
+from lmforge.nn.cache import KVCache
+from lmforge.nn.norms import make_norm
+from lmforge.nn.positions import RotaryEmbedding
+
+Activation = Literal["relu", "gelu", "gelu_tanh", "relu2", "swiglu"]
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu")
+GATED = ("swiglu",)  # activations that take two projections of x (a gate and a value)
+NormPosition = Literal["post", "pre"]
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x).square()
+
+
+def activation_fn(name: str):
+    """'relu' (Vaswani), 'gelu' (BERT, exact erf form), 'gelu_tanh' (GPT-2's approximation), 'relu2' (Primer).
+
+    'swiglu' is not a function of one input: ``FeedForward`` builds it from silu and a second projection.
+    """
+    if name == "relu":
+        return F.relu
+    if name == "gelu":
+        return F.gelu
+    if name == "gelu_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu2":
+        return relu_squared
+    if name == "swiglu":
+        return F.silu
+    raise ValueError(f"unknown activation {name!r}: choose {', '.join(ACTIVATIONS)}")
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W_1ᵀ + b_1) W_2ᵀ + b_2, the same two-layer network at every position.
+
+    Gated ('swiglu'): fc1 holds [W_g; W_u], shape (2 d_ff, d_model), and FFN(x) = (silu(g) ⊙ u) W_2ᵀ + b_2
+    with [g, u] = x W_1ᵀ + b_1. Three d_model × d_ff matrices instead of two: keep the parameter count of
+    a plain FFN with d_ff = 2/3 of its width.
+    """
+
+    def __init__(
+        self, d_model: int, d_ff: int, activation: Activation = "relu", dropout: float = 0.0, bias: bool = True
+    ) -> None:
+        super().__init__()
+        self.gated = activation in GATED
+        self.fc1 = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)  # W_1: (d_ff or 2 d_ff, d_model)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2: (d_model, d_ff)
+        self.act = activation_fn(activation)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)  # (B, T, d_ff) or (B, T, 2 d_ff)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)  # (B, T, d_ff) each
+            h = self.act(gate) * value
+        else:
+            h = self.act(h)
+        return self.fc2(self.dropout(h))  # (B, T, d_model)
+
+
+class LayerOutput(NamedTuple):
+    hidden: torch.Tensor  # (B, T, d_model)
+    self_attention: torch.Tensor | None  # (B, H, T, T) when weights are asked for
+    cross_attention: torch.Tensor | None  # (B, H, T, S) when weights are asked for and the layer has cross-attention
+
+
+class LayerCache(NamedTuple):
+    self_attention: KVCache
+    cross_attention: KVCache | None
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention (+ cross-attention) + feed-forward, with residuals and post- or pre-LN.
+
+    Args:
+        d_model, n_heads, d_ff: widths and head count.
+        norm_position: 'post' (Vaswani, BERT) or 'pre' (GPT-2); see the module docstring.
+        activation: 'relu', 'gelu', 'gelu_tanh', 'relu2' or 'swiglu'.
+        dropout: on each sublayer's output before the residual sum; attention_dropout on the weights.
+        causal: the self-attention is masked so position t sees only positions <= t (decoders).
+        cross_attention: add a sublayer attending over an encoder's output (Vaswani's decoder).
+        eps: layer-norm epsilon (1e-5 in torch and GPT-2, 1e-12 in BERT).
+        d_qk, d_v: per-head query/key and value widths (default d_model / n_heads).
+        bias: biases on every projection and on the LayerNorms (False: no additive terms anywhere).
+        rotary: rotary position embedding shared by the model's layers.
+        norm: 'layernorm' or 'rmsnorm' (``lmforge.nn.norms``).
+        qk_norm: RMSNorm on each head's queries and keys (``lmforge.nn.attention``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        norm_position: NormPosition = "post",
+        activation: Activation = "relu",
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        causal: bool = False,
+        cross_attention: bool = False,
+        eps: float = 1e-5,
+        d_qk: int | None = None,
+        d_v: int | None = None,
+        bias: bool = True,
+        rotary: RotaryEmbedding | None = None,
+        norm: str = "layernorm",
+        qk_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        if norm_position not in ("post", "pre"):
+            raise ValueError(f"norm_position must be 'post' or 'pre', not {norm_position!r}")
+        self.norm_position = norm_position
+        heads = dict(d_qk=d_qk, d_v=d_v, bias=bias, dropout=attention_dropout, qk_norm=qk_norm, eps=eps)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, causal=causal, rotary=rotary, **heads)
+        self.norm1 = make_norm(norm, d_model, eps, bias)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, cross=True, **heads) if cross_attention else None
+        self.norm_cross = make_norm(norm, d_model, eps, bias) if cross_attention else None
+        # Dropout on the FFN's output only (self.dropout below), as in Vaswani, BERT and GPT-2: not inside it.
+        self.ffn = FeedForward(d_model, d_ff, activation, 0.0, bias)
+        self.norm2 = make_norm(norm, d_model, eps, bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def sublayer(self, x: torch.Tensor, norm: nn.Module, fn) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One residual block: post-LN  LN(x + f(x)),  or pre-LN  x + f(LN(x)). f returns (y, weights)."""
+        if self.norm_position == "post":
+            y, weights = fn(x)
+            return norm(x + self.dropout(y)), weights
+        y, weights = fn(norm(x))
+        return x + self.dropout(y), weights
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        memory_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+        cache: LayerCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> LayerOutput:
+        """x: (B, T, d_model); memory: (B, S, d_model) encoder output; masks True = may attend."""
+
+        def self_attention(h: torch.Tensor):
+            return self.self_attn(h, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                  need_weights=need_weights, positions=positions,
+                                  cache=cache.self_attention if cache else None)
+
+        def cross_attention(h: torch.Tensor):
+            return self.cross_attn(h, memory, key_padding_mask=memory_padding_mask, need_weights=need_weights,
+                                   cache=cache.cross_attention if cache else None)
+
+        x, self_weights = self.sublayer(x, self.norm1, self_attention)
+        cross_weights = None
+        if self.cross_attn is not None:
+            x, cross_weights = self.sublayer(x, self.norm_cross, cross_attention)
+        x, _ = self.sublayer(x, self.norm2, lambda h: (self.ffn(h), None))
+        return LayerOutput(x, self_weights, cross_weights)
+
+    def new_cache(self, batch: int, max_len: int, memory_len: int, dtype: torch.dtype,
+                  device: torch.device) -> LayerCache:
+        """Empty caches for incremental decoding: self-attention up to max_len, cross-attention memory_len."""
+        cross = self.cross_attn.new_cache(batch, memory_len, dtype, device) if self.cross_attn else None
+        return LayerCache(self.self_attn.new_cache(batch, max_len, dtype, device), cross)

@@ -1,0 +1,89 @@
+"""Positional encodings: fixed sinusoids (Vaswani), learned embeddings (BERT, GPT-2) and rotary (RoFormer).
+
+Attention by itself is permutation-equivariant: without positions, swapping two inputs swaps the two
+outputs. Sinusoidal and learned encodings are *added* to the token embeddings; rotary encodings instead
+rotate each query and key by an angle proportional to its position, so that q_m · k_n depends on m - n.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoidal_table(n_positions: int, d: int, base: float = 10000.0) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)), shape (n_positions, d).
+
+    Computed in float64 and equal to ``lmforge.reference.sinusoidal_positions``.
+    """
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
+    two_i = torch.arange(0, d, 2, dtype=torch.float64)[None, :]  # (1, ceil(d/2))
+    angle = pos / base ** (two_i / d)  # (N, ceil(d/2))
+    pe = torch.zeros(n_positions, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d // 2])
+    return pe
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal encodings, added to the (scaled) token embeddings. No parameters."""
+
+    def __init__(self, max_positions: int, d_model: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model, base).float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions: (..., T) integer indices -> (..., T, d_model)."""
+        return self.table[positions]
+
+
+class LearnedPositions(nn.Module):
+    """One trained vector per position (BERT, GPT-2): an embedding table indexed by position."""
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(max_positions, d_model)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.embedding(positions)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding: rotate pairs of query/key features by position-dependent angles.
+
+    Feature j of the first half is paired with feature j of the second half (the "rotate half" layout),
+    and pair j turns by angle pos * base^(-2j/d_head). Rotations preserve norms, and
+    rot(q, m) · rot(k, n) depends only on m - n: attention sees relative position.
+    """
+
+    def __init__(self, d_head: int, max_positions: int = 4096, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"rotary embeddings need an even head width, got {d_head}")
+        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d/2,)
+        angle = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (N, d/2)
+        angle = torch.cat([angle, angle], dim=-1)  # (N, d)
+        # Kept in float64 (cast to the input's dtype at use) so a float64 model matches the reference to 1e-10.
+        self.register_buffer("cos", angle.cos(), persistent=False)
+        self.register_buffer("sin", angle.sin(), persistent=False)
+
+    @staticmethod
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        """[x1, x2] -> [-x2, x1] on the last axis, the 90-degree turn of each feature pair."""
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([-x2, x1], dim=-1)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (B, H, T, d_head); positions: (T,) or (B, T) -> x rotated, same shape."""
+        cos = self.cos[positions].to(x.dtype)  # (T, d) or (B, T, d)
+        sin = self.sin[positions].to(x.dtype)
+        if cos.dim() == 3:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d): broadcast over heads
+        return x * cos + self.rotate_half(x) * sin
+
+
+def scale_embedding(d_model: int) -> float:
+    """Vaswani et al. multiply token embeddings by sqrt(d_model) before adding sinusoids."""
+    return math.sqrt(d_model)

@@ -1,0 +1,41 @@
+"""The equations of the course in NumPy float64, with no torch: the oracle every torch module is tested against."""
+
+from lmforge.reference.attention import (
+    causal_mask,
+    multi_head_attention,
+    scaled_dot_product_attention,
+    softmax,
+    split_heads,
+)
+from lmforge.reference.attention2d import spatial_self_attention
+from lmforge.reference.cnn import embedding_layer, sentence_cnn, strided_convolution
+from lmforge.reference.layers import encoder_layer, feed_forward, gelu, gelu_tanh, layer_norm, relu
+from lmforge.reference.positions import one_hot_positions, sinusoidal_positions
+from lmforge.reference.rnn import lstm_cell, lstm_state_update, sigmoid
+from lmforge.reference.rnn_attention import additive_attention, attend, multiplicative_attention
+
+__all__ = [
+    "additive_attention",
+    "attend",
+    "causal_mask",
+    "embedding_layer",
+    "encoder_layer",
+    "feed_forward",
+    "gelu",
+    "gelu_tanh",
+    "layer_norm",
+    "lstm_cell",
+    "lstm_state_update",
+    "multi_head_attention",
+    "multiplicative_attention",
+    "one_hot_positions",
+    "relu",
+    "scaled_dot_product_attention",
+    "sentence_cnn",
+    "sigmoid",
+    "sinusoidal_positions",
+    "softmax",
+    "spatial_self_attention",
+    "split_heads",
+    "strided_convolution",
+]

@@ -1,0 +1,60 @@
+"""Tokenizers: Sennrich BPE, GPT-2 byte-level BPE and BERT WordPiece under one interface.
+
+    >>> from lmforge.tokenizers import BPETokenizer
+    >>> tok = BPETokenizer.train(["abbc abb abc abb"], vocab_size=100, special_tokens=[])
+    >>> tok.encode("abbc").tokens
+    ['abb', 'c</w>']
+
+``load_tokenizer(path)`` reads any of: a directory or file saved by ``Tokenizer.save`` (our
+``tokenizer.json``), a Hugging Face ``tokenizer.json``, or a BERT ``vocab.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lmforge.errors import LmforgeError
+from lmforge.tokenizers.base import FORMAT, Encoding, Tokenizer
+from lmforge.tokenizers.bpe import BPETokenizer
+from lmforge.tokenizers.byte_bpe import ByteLevelBPETokenizer
+from lmforge.tokenizers.huggingface import from_huggingface, save_huggingface, to_huggingface
+from lmforge.tokenizers.wordpiece import WordPieceTokenizer
+
+KINDS = {"bpe": BPETokenizer, "byte-bpe": ByteLevelBPETokenizer, "wordpiece": WordPieceTokenizer}
+
+__all__ = ["KINDS", "BPETokenizer", "ByteLevelBPETokenizer", "Encoding", "Tokenizer", "WordPieceTokenizer",
+           "from_huggingface", "load_tokenizer", "save_huggingface", "to_huggingface"]
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a tokenizer from a directory or file, in our JSON, Hugging Face's, or a BERT ``vocab.txt``.
+
+    A directory is searched for ``tokenizer.json``, then ``vocab.txt``. Every problem (missing
+    file, invalid JSON, unknown format) is a one-line ``LmforgeError`` naming the file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (path / name).is_file():
+                return load_tokenizer(path / name)
+        raise LmforgeError(f"{path}: no tokenizer.json or vocab.txt in this directory")
+    if not path.is_file():
+        raise LmforgeError(f"{path}: no such tokenizer file or directory")
+    if path.suffix == ".txt":
+        return WordPieceTokenizer.from_vocab_file(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise LmforgeError(f"{path}: not UTF-8 text (byte offset {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise LmforgeError(f"{path}: corrupt JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    except OSError as err:
+        raise LmforgeError(f"{path}: cannot read ({err.strerror or err})") from None
+    if not isinstance(data, dict):
+        raise LmforgeError(f"{path}: not a tokenizer (expected a JSON object)")
+    if data.get("format") == FORMAT:
+        return Tokenizer.from_dict(data, str(path))
+    if "model" in data:
+        return from_huggingface(data, str(path))
+    raise LmforgeError(f"{path}: not a tokenizer file (neither lmforge's format nor Hugging Face's)")

@@ -1,0 +1,235 @@
+"""Checkpoints that survive a crash at any instant: write everything, then rename.
+
+Layout of a run directory::
+
+    run_dir/
+      config.yaml                    the resolved recipe
+      log.jsonl, loss.png            the logs (see ``lmforge.train.logs``)
+      checkpoints/
+        latest                       one line, "step-000300": the newest complete checkpoint
+        step-000200/
+        step-000300/
+          model.safetensors          the weights (a tied tensor stored once)
+          optimizer.pt               AdamW moments (+ the fp16 GradScaler), plain tensors and numbers
+          trainer.json               step, tokens seen, best evaluation, RNG states of every process
+
+A checkpoint is first written to ``checkpoints/.tmp-step-000300-<pid>/``, each file flushed to disk,
+then renamed to ``step-000300`` in one ``os.replace``; only then is ``latest`` replaced (also write +
+rename). A process killed at any point leaves either the old checkpoint or the new one, complete; a
+leftover ``.tmp-*`` directory is ignored and removed at the next start.
+
+Everything loads without unpickling code: safetensors for the weights, ``torch.load(weights_only=True)``
+for the optimizer, JSON for the rest (RNG states as base64 or integer lists).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from lmforge.errors import LmforgeError
+from lmforge.files import write_text_atomic
+
+STEP_PREFIX = "step-"
+
+
+def step_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:06d}"
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: where it is, its step, and the trainer's JSON state."""
+
+    path: Path
+    step: int
+    state: dict[str, Any]
+
+    def weights(self, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        return load_file(self.path / "model.safetensors", device=str(device))
+
+    def optimizer(self) -> dict[str, Any]:
+        return torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=True)
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+def dedupe_tied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keep one name per shared tensor (a tied embedding / LM head): safetensors refuses aliases.
+
+    The file is then exactly what ``safetensors.torch.save_model`` writes, and ``load_model`` reads it.
+    """
+    out, seen = {}, set()
+    for name, t in state_dict.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().contiguous()
+    return out
+
+
+def alias_names(model: torch.nn.Module) -> set[str]:
+    """State-dict names that are aliases of an earlier name (tied weights), e.g. {"lm_head.proj.weight"}.
+
+    Computed on the plain model: FSDP's gathered state dict holds tied weights as separate copies.
+    """
+    own = model.state_dict()
+    return set(own) - set(dedupe_tied(own))
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
+    """Copy saved weights into ``model``; a missing, extra or misshapen tensor is an LmforgeError."""
+    own = model.state_dict()
+    for name, t in weights.items():
+        if name not in own:
+            raise LmforgeError(f"{where}: tensor {name!r} is not in this model; was it saved by another model?")
+        if tuple(own[name].shape) != tuple(t.shape):
+            raise LmforgeError(
+                f"{where}: {name} has shape {tuple(t.shape)} in the checkpoint but {tuple(own[name].shape)} "
+                "in this model; the model config differs from the run's"
+            )
+    missing, _ = model.load_state_dict(weights, strict=False)
+    tied = alias_names(model)  # names that are aliases of a saved tensor
+    missing = [m for m in missing if m not in tied]
+    if missing:
+        raise LmforgeError(f"{where}: the checkpoint lacks {len(missing)} tensors of this model, e.g. {missing[0]}")
+
+
+# ---------------------------------------------------------------------------------------------- RNG
+
+def capture_rng() -> dict[str, Any]:
+    """The state of every random generator a step can touch, as JSON-safe values."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss},
+        "numpy": {"kind": np_kind, "keys": np_keys.tolist(), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+        "torch": _b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(_unb64(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- save / load
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    weights: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    keep_last: int = 0,
+) -> Path:
+    """Write ``checkpoints/step-XXXXXX`` atomically, point ``latest`` at it, prune old ones; return its path."""
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_name(step)
+    tmp = root / f".tmp-{step_name(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_file(dedupe_tied(weights), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}) + "\n", encoding="utf-8")
+    for f in tmp.iterdir():
+        _fsync(f)
+    if final.exists():  # re-saving a step after a resume: move the old copy aside first
+        old = root / f".old-{step_name(step)}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync(root)
+    write_text_atomic(root / "latest", final.name + "\n")
+    if keep_last:
+        prune(root, keep_last, keep=final.name)
+    return final
+
+
+def prune(root: Path, keep_last: int, keep: str) -> None:
+    """Delete all but the ``keep_last`` newest step directories (never ``keep``, the one ``latest`` names)."""
+    steps = sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())
+    for p in steps[:-keep_last]:
+        if p.name != keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def latest_checkpoint(run_dir: Path, clean: bool = False) -> Checkpoint | None:
+    """The checkpoint ``latest`` names (or, if that file is gone, the newest complete one); None if none.
+
+    clean: also delete what an interrupted save left (``.tmp-*`` / ``.old-*`` directories).
+    """
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return None
+    if clean:
+        for stale in [*root.glob(".tmp-*"), *root.glob(".old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
+    pointer = root / "latest"
+    candidates = []
+    if pointer.is_file():
+        candidates.append(root / pointer.read_text(encoding="utf-8").strip())
+    candidates += sorted((p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir()), reverse=True)
+    for path in candidates:
+        if (path / "trainer.json").is_file() and (path / "model.safetensors").is_file():
+            return read_checkpoint(path)
+    return None
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    try:
+        state = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise LmforgeError(f"{path / 'trainer.json'}: unreadable checkpoint state: {err}") from None
+    return Checkpoint(path=path, step=int(state["step"]), state=state)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file (or a directory entry) to disk, so that a power cut after the rename keeps the data."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems do not fsync directories
+    finally:
+        os.close(fd)

@@ -1,0 +1,433 @@
+"""The training loop: one update per step, resumable at any step, on 1 or N processes.
+
+    for step in start+1 .. max_steps:
+        lr = schedule(step)
+        N = targets in all micro-batches of all processes            (one all-reduce)
+        for micro-batch i (batch i of this step from the source):
+            loss_i = model(**batch_i).loss                            mean over its n_i targets
+            backward(loss_i · n_i · W / N)                            DDP averages over the W processes
+        clip the gradient norm; AdamW step; zero the gradients
+        log / evaluate / checkpoint every log_every / eval_every / save_every steps; there, stop if a
+        loss or gradient norm was NaN or infinite (the last checkpoint stays the last good one)
+
+No step waits for the device. Loss, token count, gradient norm and the non-finite check stay on it and
+are read only at log, eval and save steps; step s + 1's batches are built and copied while step s runs
+(train/batches.py). So on a GPU the host queues work ahead and the device never idles between steps.
+
+The data position of a run is its step: the source returns the same batch for the same
+(step, micro, rank, world_size), so a checkpoint needs no loader state and a resumed run sees the
+batches the uninterrupted run would have seen. With the RNG states restored too, a resumed run on CPU
+ends bit-identical to one that was never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+from tqdm import tqdm
+
+from lmforge.errors import LmforgeError
+from lmforge.train import distributed as D
+from lmforge.train.batches import BatchSource, Prefetcher
+from lmforge.train.checkpoint import (
+    Checkpoint,
+    alias_names,
+    capture_rng,
+    latest_checkpoint,
+    load_weights,
+    restore_rng,
+    save_checkpoint,
+)
+from lmforge.train.config import TrainConfig, default_recipe, diff_recipes, save_recipe
+from lmforge.train.logs import RunLog, info
+from lmforge.train.metrics import EvalAccumulator, NonFiniteWatch, label_shift
+from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
+
+KILL_HOOK = "LMFORGE_TEST_KILL_AT_STEP"  # tests: SIGKILL this process right after finishing that step
+SHAPE_SECTIONS = ("model",)  # recipe sections that must match to resume a run
+
+
+class Callback:
+    """Hooks called on rank 0; override the ones you need."""
+
+    def on_step(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None: ...
+
+    def on_eval(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None: ...
+
+    def on_save(self, trainer: Trainer, step: int, path: Path) -> None: ...
+
+
+@dataclass
+class StepStats:
+    """One update's numbers, left on the device: reading one makes the host wait, so only log steps do."""
+
+    loss: torch.Tensor  # () float64: mean over all the update's targets, all processes
+    grad_norm: torch.Tensor  # () global L2 norm of the gradients, before clipping
+    lr: float
+
+
+@dataclass
+class TrainResult:
+    step: int  # the last step trained (= max_steps)
+    loss: float  # training loss of the last step (mean over its targets)
+    tokens: int  # input tokens seen by all processes since step 1
+    eval: dict[str, float]  # metrics of the last evaluation ({} if the source has no validation set)
+    best_eval_loss: float | None
+    checkpoint: Path | None  # the final checkpoint
+    resumed_from: int | None  # the step of the checkpoint this call resumed from
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA). Build the model after this for a reproducible init."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Train ``model`` on ``source`` into ``run_dir``, resuming from its latest checkpoint if there is one.
+
+    model: any nn.Module whose ``forward(**batch)`` returns an object with a scalar ``.loss``.
+    recipe: the resolved recipe (``load_recipe``) to save as ``config.yaml``; by default the ``train``
+        section and the model's ``config`` dataclass when it has one. On resume its ``model`` section
+        must equal the saved one.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        source: BatchSource,
+        config: TrainConfig,
+        run_dir: str | Path,
+        callbacks: Sequence[Callback] | None = None,
+        recipe: dict[str, Any] | None = None,
+    ) -> None:
+        self.model, self.source, self.config = model, source, config
+        self.run_dir = Path(run_dir)
+        self.callbacks = list(callbacks or [])
+        self.recipe = recipe if recipe is not None else default_recipe(model, config)
+        self.env = D.detect()
+        self.device = D.pick_device(config.device, self.env)
+        self.shift = label_shift(model)
+        self.precision, self.compile = D.resolve_auto(config.precision, config.compile, config.fsdp, self.device)
+        self.step = 0
+        self.tokens = 0  # input tokens of all processes, up to the last log / eval / save step
+        self.unread_tokens = torch.zeros((), dtype=torch.float64, device=self.device)  # since then, on device
+        self.watch = NonFiniteWatch(self.device)
+        self.batches = Prefetcher(source, config.grad_accum, self.env.rank, self.env.world_size, self.device,
+                                  self.shift)
+        self.best_eval_loss: float | None = None
+        self.best_step: int | None = None
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    def _prepare_run_dir(self) -> Checkpoint | None:
+        """Find the checkpoint to resume from, check that it is a run of this model, save the recipe."""
+        saved_path = self.run_dir / "config.yaml"
+        if self.env.is_main:  # rank 0 alone removes what an interrupted save left behind
+            ckpt = latest_checkpoint(self.run_dir, clean=True)
+        D.barrier(self.env)
+        if not self.env.is_main:
+            ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is not None and saved_path.is_file():
+            saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+            changed = diff_recipes(saved, self.recipe)
+            fatal = [k for k in changed if k.split(".")[0] in SHAPE_SECTIONS]
+            if fatal:
+                raise LmforgeError(
+                    f"{saved_path}: {fatal[0]} differs from this run's; --out points at a run of another "
+                    "model: choose a new --out or use that run's config"
+                )
+            if changed and self.env.is_main:
+                info(f"resuming with changed settings: {', '.join(changed)}")
+        D.barrier(self.env)
+        if self.env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_recipe(self.recipe, saved_path)
+        return ckpt
+
+    def _autocast(self):
+        p = self.precision
+        if p == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if p == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    # ------------------------------------------------------------------------------------------ loop
+
+    def fit(self) -> TrainResult:
+        created = D.init(self.env, self.device)
+        try:
+            return self._fit()
+        finally:
+            D.shutdown(created)
+
+    def setup(self) -> Checkpoint | None:
+        """Load the latest checkpoint (if any), wrap the model (DDP / FSDP / compile), build AdamW.
+
+        Returns the checkpoint resumed from. ``fit`` calls it; call it yourself only to drive
+        ``forward_backward`` / ``train_step`` by hand (as the tests do).
+        """
+        cfg, env = self.config, self.env
+        ckpt = self._prepare_run_dir()
+        if ckpt is not None:
+            load_weights(self.model, ckpt.weights(), ckpt.path / "model.safetensors")
+        self.model.to(self.device)
+        if self.device.type == "cuda":  # TF32 tensor cores for fp32 matmuls (10 mantissa bits, as bf16 has 7)
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        no_decay = no_decay_names(self.model)  # before FSDP flattens the parameters
+        self.aliases = alias_names(self.model)  # tied weights, saved once
+        self.wrapped = D.wrap(self.model, env, self.device, fsdp=cfg.fsdp, use_ddp=cfg.ddp)
+        self.forward_model = torch.compile(self.wrapped) if self.compile else self.wrapped
+        self.optimizer = build_optimizer(self.wrapped, cfg, self.device, no_decay)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        if ckpt is None:
+            seed_everything(cfg.seed + env.rank)  # dropout masks differ per process, repeat per run
+            self.step = 0
+        else:
+            self.step = self._restore(ckpt)
+            if env.is_main:
+                info(f"resuming {self.run_dir} from step {self.step} ({ckpt.path.name})")
+        return ckpt
+
+    def _fit(self) -> TrainResult:
+        cfg, env = self.config, self.env
+        ckpt = self.setup()
+        start = self.step
+        log = RunLog(self.run_dir, start if ckpt else None, cfg.tensorboard, enabled=env.is_main)
+        bar = tqdm(total=cfg.max_steps, initial=start, unit="step", dynamic_ncols=True,
+                   disable=not (env.is_main and cfg.progress))  # tqdm writes to stderr
+        last_ckpt: Path | None = ckpt.path if ckpt else None
+        loss = float("nan")
+        metrics: dict[str, float] = {}
+        t_log, tokens_log = time.perf_counter(), self.tokens
+        t_start = t_log  # elapsed_s in the log: seconds since this process started training (loss vs time)
+        if start >= cfg.max_steps and env.is_main:
+            info(f"{self.run_dir} already finished at step {start}; raise train.max_steps to train further")
+            done = [e for e in log.events if e.get("event") == "train"]
+            loss = float(done[-1]["loss"]) if done else loss
+        try:
+            for step in range(start + 1, cfg.max_steps + 1):
+                self.step = step
+                stats = self.train_step(step)
+                last = step == cfg.max_steps
+                bar.update(1)
+                log_now = bool(cfg.log_every and step % cfg.log_every == 0) or last
+                eval_now = bool(cfg.eval_every and step % cfg.eval_every == 0) or last
+                save_now = bool(cfg.save_every and step % cfg.save_every == 0) or last
+                if log_now or eval_now or save_now:
+                    self.check_finite(step)  # the host waits for the device here, and only here
+                if log_now:
+                    loss, grad_norm = torch.stack([stats.loss, stats.grad_norm.double()]).tolist()
+                    self.read_tokens()
+                    now = time.perf_counter()
+                    tok_s = (self.tokens - tokens_log) / max(now - t_log, 1e-9)
+                    t_log, tokens_log = now, self.tokens
+                    record = log.write("train", step, loss=loss, lr=stats.lr, grad_norm=grad_norm,
+                                       tokens=self.tokens, tokens_per_s=round(tok_s, 1),
+                                       elapsed_s=round(now - t_start, 2))
+                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                    for cb in self.callbacks if env.is_main else []:
+                        cb.on_step(self, step, record)
+                if eval_now:
+                    metrics = self.evaluate() or metrics
+                    if metrics:
+                        self._note_best(step, metrics)
+                        log.write("eval", step, **metrics, elapsed_s=round(time.perf_counter() - t_start, 2))
+                        if env.is_main and cfg.plot:
+                            log.plot(self.run_dir / "loss.png")
+                        for cb in self.callbacks if env.is_main else []:
+                            cb.on_eval(self, step, metrics)
+                if save_now:
+                    last_ckpt = self.save()
+                if os.environ.get(KILL_HOOK) == str(step):
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if env.is_main and cfg.plot:
+                log.plot(self.run_dir / "loss.png")
+        finally:
+            bar.close()
+            log.close()
+        return TrainResult(step=self.step, loss=loss, tokens=self.tokens, eval=metrics,
+                           best_eval_loss=self.best_eval_loss, checkpoint=last_ckpt,
+                           resumed_from=ckpt.step if ckpt else None)
+
+    def train_step(self, step: int) -> StepStats:
+        """One optimizer update from ``grad_accum`` micro-batches; nothing in it waits for the device."""
+        cfg = self.config
+        lr = lr_at(step, cfg)
+        set_lr(self.optimizer, lr)
+        loss = self.forward_backward(step)
+        self.scaler.unscale_(self.optimizer)
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        if D.is_fsdp(self.wrapped):
+            grad_norm = self.wrapped.clip_grad_norm_(max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), max_norm)
+        fp16 = self.scaler.is_enabled()  # fp16: the scaler skips overflowing steps itself
+        self.watch.update(step, loss, grad_norm, check_grad=not fp16)
+        with nullcontext() if fp16 else self.watch.guard(self.optimizer):  # no update once a value went bad
+            self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepStats(loss=loss, grad_norm=grad_norm, lr=lr)
+
+    def forward_backward(self, step: int) -> torch.Tensor:
+        """Accumulate the gradient of step ``step``'s whole batch (all micro-batches, all processes).
+
+        Returns the batch's loss, a () float64 tensor on the device: the mean over all its targets,
+        identical on every process. Queues step + 1's batches before returning.
+        """
+        cfg, env = self.config, self.env
+        self.forward_model.train()
+        batches = self.batches.get(step)
+        if env.world_size == 1 and all(batches.empty):  # counted on the host: no need to ask the device
+            raise LmforgeError(f"step {step} has no loss targets (every label is -100)")
+        total = D.all_reduce_sum(batches.targets.sum(), env)  # N: targets in the whole update, all processes
+        weights = batches.targets * env.world_size / total  # n_i · W / N: DDP divides the summed gradients by W
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i, batch in enumerate(batches.micro):
+            with D.no_sync(self.wrapped, skip=i < cfg.grad_accum - 1), self._autocast():
+                out = self.forward_model(**batch)
+                if getattr(out, "loss", None) is None:
+                    raise LmforgeError("the model returned no loss: does the batch carry labels?")
+                loss_i = out.loss  # () mean over this micro-batch's targets
+                if batches.empty[i] and getattr(out, "logits", None) is not None:
+                    loss_i = out.logits.sum() * 0.0  # no targets: the mean is 0/0; contribute 0 instead
+                self.scaler.scale(loss_i * weights[i].to(loss_i.dtype)).backward()
+            loss_sum += loss_i.detach().double() * weights[i] / env.world_size
+        if step < cfg.max_steps:
+            self.batches.prefetch(step + 1)  # built on the host while the device runs this step
+        loss, tokens = D.all_reduce_sum(torch.stack([loss_sum, batches.tokens]), env)
+        self.unread_tokens += tokens
+        return loss
+
+    def read_tokens(self) -> int:
+        """Fold the tokens counted on the device since the last read into ``self.tokens`` (waits for it)."""
+        self.tokens += int(self.unread_tokens.item())
+        self.unread_tokens.zero_()
+        return self.tokens
+
+    def check_finite(self, step: int) -> None:
+        """Stop if a loss or gradient norm went NaN or infinite since the start (reads the device)."""
+        bad = self.watch.first_bad()
+        if bad is None:
+            return
+        kind, at = bad
+        self.optimizer.zero_grad(set_to_none=True)
+        raise LmforgeError(
+            f"non-finite {kind} at step {at} (read at step {step}); training stopped, the last good checkpoint is "
+            f"{self._latest_name()} (lower train.lr, set train.grad_clip, or use train.precision=bf16)"
+        )
+
+    # ------------------------------------------------------------------------------------------ eval
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss, perplexity and accuracies over the source's validation batches ({} if there are none).
+
+        Under DDP each process takes every W-th batch and the sums are combined; under FSDP every
+        process runs every batch (each forward needs all of them).
+        """
+        cfg, env = self.config, self.env
+        fsdp = D.is_fsdp(self.wrapped)
+        model = self.wrapped if fsdp else D.unwrap(self.wrapped)
+        model.eval()
+        acc = EvalAccumulator(self.shift)
+        eval_batches = getattr(self.source, "eval_batches", None)
+        for i, batch in enumerate(eval_batches() if eval_batches else []):
+            if cfg.eval_batches and i >= cfg.eval_batches:
+                break
+            if not fsdp and i % env.world_size != env.rank:
+                continue
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            with self._autocast():
+                acc.update(batch, model(**batch))
+        if not fsdp:
+            acc.merge(D.gather_objects(acc.sums, env))  # type: ignore[arg-type]
+        model.train()
+        return acc.result()
+
+    def _note_best(self, step: int, metrics: dict[str, float]) -> None:
+        loss = metrics.get("eval_loss")
+        if loss is not None and (self.best_eval_loss is None or loss < self.best_eval_loss):
+            self.best_eval_loss, self.best_step = loss, step
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def save(self) -> Path | None:
+        """Checkpoint the current step (collective: every process calls it; rank 0 writes)."""
+        self.read_tokens()
+        weights = {k: v for k, v in D.full_state_dict(self.wrapped, self.env).items() if k not in self.aliases}
+        optim = D.full_optimizer_state(self.wrapped, self.optimizer)
+        rngs = D.gather_objects(capture_rng(), self.env)
+        path = None
+        if self.env.is_main:
+            bad = next((k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+            if bad is not None:  # never let a broken state become the "last good" checkpoint
+                raise LmforgeError(f"non-finite weights ({bad}) at step {self.step}; not saving, training stopped; "
+                                   f"the last good checkpoint is {self._latest_name()}")
+            state = {
+                "tokens": self.tokens,
+                "best_eval_loss": self.best_eval_loss,
+                "best_step": self.best_step,
+                "world_size": self.env.world_size,
+                "rng": rngs,
+            }
+            path = save_checkpoint(self.run_dir, self.step, weights,
+                                   {"optimizer": optim, "scaler": self.scaler.state_dict()},
+                                   state, keep_last=self.config.keep_last)
+            for cb in self.callbacks:
+                cb.on_save(self, self.step, path)
+        D.barrier(self.env)
+        return path
+
+    def _restore(self, ckpt: Checkpoint) -> int:
+        """Optimizer, scaler, counters and RNG from ``ckpt`` (the weights were loaded before wrapping)."""
+        saved = ckpt.optimizer()
+        try:
+            D.load_optimizer_state(self.wrapped, self.optimizer, saved["optimizer"])
+        except (ValueError, KeyError) as err:
+            raise LmforgeError(f"{ckpt.path / 'optimizer.pt'}: does not fit this model's optimizer: {err}") from None
+        if saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        st = ckpt.state
+        self.tokens = int(st.get("tokens", 0))
+        self.best_eval_loss, self.best_step = st.get("best_eval_loss"), st.get("best_step")
+        rngs = st.get("rng") or []
+        if len(rngs) == self.env.world_size:
+            restore_rng(rngs[self.env.rank])
+        else:
+            if self.env.is_main:
+                info(f"{ckpt.path.name} was saved by {len(rngs)} processes, this run has {self.env.world_size}: "
+                     "random streams (dropout) restart from the seed")
+            seed_everything(self.config.seed + self.env.rank + 1000 * ckpt.step)
+        return ckpt.step
+
+    def _latest_name(self) -> str:
+        ckpt = latest_checkpoint(self.run_dir) if self.run_dir.exists() else None
+        return str(ckpt.path) if ckpt else "none (no checkpoint was written yet)"
+
+
+def train(
+    model: nn.Module,
+    source: BatchSource,
+    config: TrainConfig,
+    run_dir: str | Path,
+    callbacks: Sequence[Callback] | None = None,
+    recipe: dict[str, Any] | None = None,
+) -> TrainResult:
+    """``Trainer(...).fit()`` in one call."""
+    return Trainer(model, source, config, run_dir, callbacks=callbacks, recipe=recipe).fit()

@@ -1,0 +1,99 @@
+"""One fine-tuning run's settings: ``FinetuneArgs``, from flags or from a YAML recipe. No torch here.
+
+``lmforge finetune`` reads the same recipes as ``lmforge pretrain``: a YAML file whose ``finetune:``
+section holds any field below, then ``key=value`` overrides, then the command's flags (shortcuts)::
+
+    # configs/finetune-lora.yaml
+    finetune: {task: seq-cls, strategy: lora, lora_r: 8, epochs: 3, weight_decay: 0.01, warmup: 0.1}
+
+    lmforge finetune --config configs/finetune-lora.yaml --model DIR --train train.csv --out runs/cls \
+        finetune.lr=3e-4
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from lmforge.errors import LmforgeError
+
+ARCHS = ("transformer", "cnn")  # cnn: a fresh sentence CNN (models/cnn.py) on the tokenizer's vocabulary
+DEFAULT_LR = {"full": 5e-5, "frozen": 1e-3, "lora": 5e-4, "adapter": 5e-4}
+CNN_LR = 2e-3  # a CNN trained from scratch takes larger steps than fine-tuning a pretrained encoder
+REPORT_FILE = "finetune.json"
+
+
+@dataclass
+class FinetuneArgs:
+    """One fine-tuning run: what to train, how, and where to put it (``lmforge finetune --help``)."""
+
+    model: str
+    task: str
+    train: str
+    strategy: str = "full"
+    out: str = "runs/finetune"
+    eval: str | None = None
+    epochs: float = 2.0
+    max_steps: int = 0  # 0: derived from epochs
+    batch_size: int = 16
+    lr: float | None = None  # default per strategy (DEFAULT_LR)
+    weight_decay: float = 0.01
+    warmup: float = 0.1  # share of the steps
+    max_len: int = 128
+    seed: int = 0
+    mix: bool = False  # frozen: a learned scalar mix of all layers feeds the head
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.05
+    lora_targets: list[str] | None = None  # None: lmforge.nn.lora.LORA_TARGETS (the attention projections)
+    adapter_size: int = 64
+    merge: bool = False  # lora: fold the update into W and save a full model directory
+    label_all: bool = False  # token-cls: label every sub-token, not only the first
+    limit: int = 0  # use only the first N training examples (0: all)
+    scratch: bool = False  # re-initialise the encoder: the same model and tokenizer, no pretraining
+    arch: str = "transformer"  # "cnn": train a fresh SentenceCNN with --model's tokenizer instead
+    eval_batch_size: int = 64
+    device: str = "auto"
+    precision: str = "fp32"  # autocast: fp32 | bf16 | fp16
+    compile: bool = False  # torch.compile the model
+    progress: bool = True
+    keep_checkpoints: bool = False
+
+    def check(self) -> None:
+        from lmforge.data.tasks import TASKS
+        from lmforge.models.strategies import STRATEGIES
+
+        if self.strategy not in STRATEGIES:
+            raise LmforgeError(f"--strategy: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if self.task not in TASKS:
+            raise LmforgeError(f"--task: {self.task!r} is not one of {', '.join(TASKS)}")
+        if self.mix and self.strategy != "frozen":
+            raise LmforgeError("--mix goes with --strategy frozen")
+        if self.merge and self.strategy != "lora":
+            raise LmforgeError("--merge goes with --strategy lora")
+        if self.arch not in ARCHS:
+            raise LmforgeError(f"--arch: {self.arch!r} is not one of {', '.join(ARCHS)}")
+        if self.arch == "cnn" and (self.task, self.strategy, self.scratch) != ("seq-cls", "full", False):
+            raise LmforgeError("--arch cnn trains a new model: it goes with --task seq-cls --strategy full")
+
+
+
+    @classmethod
+    def from_recipe(cls, recipe: dict[str, Any], flags: dict[str, Any]) -> FinetuneArgs:
+        """The recipe's ``finetune:`` section (already type-checked by load_recipe), then the flags given."""
+        import typing
+
+        from lmforge.train.config import coerce
+
+        section = dict(recipe.get("finetune") or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise LmforgeError(f"finetune.{unknown[0]}: unknown key; known keys are {', '.join(sorted(known))}")
+        hints = typing.get_type_hints(cls)
+        section = {k: coerce(v, hints[k], f"finetune.{k}") for k, v in section.items()}
+        section.update({k: v for k, v in flags.items() if v is not None})
+        for key in ("model", "task", "train"):
+            if not section.get(key):
+                raise LmforgeError(f"--{key}: required (as a flag or as finetune.{key} in the recipe)")
+        return cls(**section)

@@ -1,0 +1,248 @@
+"""Pretraining from a recipe: tokenizer → corpus shards → model → trainer → a loadable model directory.
+
+A recipe is a YAML file with four sections (see ``configs/``)::
+
+    tokenizer: {kind: wordpiece, vocab_size: 8192}        # trained on data.files; or {path: DIR}
+    data:      {objective: mlm+nsp, files: [shakespeare], seq_len: 128}
+    model:     {preset: bert-tiny, d_model: 256, n_layers: 4}
+    train:     {lr: 5.0e-4, max_steps: 2000, batch_size: 32}
+
+Everything lands in the run directory ``out``: ``tokenizer/``, ``corpus/``, ``config.yaml``,
+``checkpoints/``, ``log.jsonl``, ``loss.png`` and, at the end, ``model/`` (config.json, model.safetensors,
+tokenizer.json: ``lmforge.load(out / "model")``). Running the same command again resumes the run.
+In ``data.files``, ``shakespeare`` stands for the 42 works and ``bible-en-es`` for the training verse pairs,
+both fetched by ``lmforge.data.sources``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.data import sources
+from lmforge.data.collate import CausalLMSource, MaskedLMSource, Seq2SeqSource, SpecialIds
+from lmforge.data.corpus import MANIFEST, TokenShard, prepare_corpus, tokenizer_fingerprint
+from lmforge.errors import LmforgeError
+from lmforge.files import read_text_utf8
+
+OBJECTIVES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
+              "seq2seq": "Seq2Seq",  # or RNNSeq2Seq: the preset's kind decides (build_pretraining_model)
+              "bilm": "BiLM"}  # ELMo (models/elmo.py): forward + backward LM on the clm windows
+NAMED_CORPORA = {
+    "shakespeare": sources.shakespeare_files,
+    "bible-en-es": lambda: [sources.bible_pairs()["train"]],  # TSV english<TAB>spanish, test books held out
+}
+
+
+@dataclass
+class DataSection:
+    objective: str = "clm"
+    files: list[str] = field(default_factory=list)  # text / JSONL / CSV; for seq2seq one TSV of source<TAB>target
+    seq_len: int = 128
+    val_fraction: float = 0.1
+    doc_separator: str = "file"
+    field: str = "text"
+    mlm_probability: float = 0.15
+    whole_word: bool = False
+    eval_batches: int = 8  # validation batches of eval_batch_size rows, fixed for the whole run
+    eval_batch_size: int = 16
+    workers: int | None = None
+    prepared: str | None = None  # a `lmforge data prepare` output to train on instead of preparing files
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DataSection:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise LmforgeError(f"data.{unknown[0]}: unknown key; known keys are {', '.join(sorted(known))}")
+        section = cls(**d)
+        if section.objective not in OBJECTIVES:
+            raise LmforgeError(f"data.objective: {section.objective!r} is not one of {', '.join(OBJECTIVES)}")
+        if not section.files and not section.prepared:
+            raise LmforgeError("data.files: give at least one file (or the name 'shakespeare'), or data.prepared")
+        if section.prepared and section.objective == "seq2seq":
+            raise LmforgeError("data.prepared: seq2seq reads source<TAB>target files (data.files), not shards")
+        return section
+
+
+def expand_files(names: list[str]) -> list[Path]:
+    """Paths of the data files, with named corpora ('shakespeare') fetched and expanded."""
+    paths: list[Path] = []
+    for name in names:
+        if name in NAMED_CORPORA:
+            paths.extend(NAMED_CORPORA[name]())
+        else:
+            paths.append(Path(name))
+    return paths
+
+
+# -- tokenizer ----------------------------------------------------------------------------------------------
+def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objective: str):
+    """The run's tokenizer: reuse out/tokenizer, else load ``path``, else train ``kind`` on the data files."""
+    from lmforge.tokenizers import KINDS, load_tokenizer
+    from lmforge.tokenizers.train import read_corpus
+
+    saved = out / "tokenizer"
+    if (saved / "tokenizer.json").is_file():
+        return load_tokenizer(saved)
+    if "path" in section:
+        tokenizer = load_tokenizer(section["path"])
+    elif not files:
+        raise LmforgeError("tokenizer.path: with data.prepared and no data.files, give the tokenizer the shards "
+                           "were prepared with")
+    else:
+        kind = section.get("kind", "wordpiece" if objective.startswith("mlm") else "byte-bpe")
+        if kind not in KINDS:
+            raise LmforgeError(f"tokenizer.kind: {kind!r} is not one of {', '.join(KINDS)}")
+        options = {k: v for k, v in section.items() if k not in ("kind", "vocab_size", "min_frequency")}
+        texts = read_corpus(files) if objective != "seq2seq" else _pair_texts(files)
+        print(f"training a {kind} tokenizer ({section.get('vocab_size', 8192)} tokens)", file=sys.stderr)
+        tokenizer = KINDS[kind].train(texts, int(section.get("vocab_size", 8192)),
+                                      int(section.get("min_frequency", 2)), progress=True, **options)
+    tokenizer.save(saved)
+    return tokenizer
+
+
+# -- corpus ------------------------------------------------------------------------------------------------
+def get_corpus(data: DataSection, files: list[Path], tokenizer, out: Path) -> Path:
+    """Prepare out/corpus once (reused on resume, rebuilt if the tokenizer changed), or use data.prepared."""
+    if data.prepared:
+        prepared = Path(data.prepared)
+        if not (prepared / MANIFEST).is_file():
+            raise LmforgeError(f"data.prepared: {prepared} holds no {MANIFEST} (make it with lmforge data prepare)")
+        if not _prepared(prepared, tokenizer):
+            raise LmforgeError(f"data.prepared: {prepared} was tokenized with another tokenizer than this run's; "
+                               "set tokenizer.path to the directory given to lmforge data prepare --tokenizer")
+        return prepared
+    corpus = out / "corpus"
+    if _prepared(corpus, tokenizer):
+        return corpus
+    prepare_corpus(files, tokenizer, corpus, data.val_fraction, data.doc_separator, data.field, data.workers)
+    return corpus
+
+
+def _prepared(corpus: Path, tokenizer) -> bool:
+    import json
+
+    manifest = corpus / MANIFEST
+    return manifest.is_file() and json.loads(manifest.read_text()).get("tokenizer_hash") == tokenizer_fingerprint(
+        tokenizer)
+
+
+def read_pairs(path: Path) -> list[tuple[str, str]]:
+    """source<TAB>target lines of a TSV file; a line without a tab names the file and line."""
+    pairs = []
+    text = io.StringIO(read_text_utf8(path, "source<TAB>target file"), newline="")
+    for number, row in enumerate(csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != 2:
+            raise LmforgeError(f"{path}:{number}: expected source<TAB>target, found {len(row)} fields")
+        if row[0].strip() and row[1].strip():
+            pairs.append((row[0].strip(), row[1].strip()))
+    if not pairs:
+        raise LmforgeError(f"{path}: no source/target pairs")
+    return pairs
+
+
+def _pair_texts(files: list[Path]) -> list[str]:
+    return [side for path in files for pair in read_pairs(path) for side in pair]
+
+
+def get_pair_corpora(data: DataSection, files: list[Path], tokenizer, out: Path) -> tuple[Path, Path]:
+    """Two aligned corpora (source, target), one line per pair; validation = the same tail lines of both."""
+    roots = out / "corpus-source", out / "corpus-target"
+    if all(_prepared(r, tokenizer) for r in roots):
+        return roots
+    pairs = [p for path in files for p in read_pairs(path)]
+    for side, root in enumerate(roots):
+        root.mkdir(parents=True, exist_ok=True)
+        text = root / "lines.txt"
+        text.write_text("\n".join(pair[side] for pair in pairs) + "\n", encoding="utf-8")
+        prepare_corpus([text], tokenizer, root, data.val_fraction, workers=data.workers, line_breaks=False)
+    return roots
+
+
+# -- model and data source ------------------------------------------------------------------------------------
+def build_pretraining_model(section: dict[str, Any], tokenizer, objective: str):
+    from lmforge.models import build_model, get_preset
+
+    section = dict(section)
+    defaults = {"clm": "gpt-tiny", "seq2seq": "seq2seq-tiny", "bilm": "bilm-tiny"}
+    preset = section.pop("preset", defaults.get(objective, "bert-tiny"))
+    ids = {"vocab_size": tokenizer.vocab_size}
+    for name in ("pad_id", "bos_id", "eos_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            ids[name] = value
+    config = get_preset(preset, **{**_known(preset, ids), **section})
+    architecture = OBJECTIVES[objective]
+    if objective == "seq2seq":  # a Transformer (seq2seq-*) or an RNN with attention (rnn-seq2seq-*): the preset says
+        if config.kind not in ("seq2seq", "rnn-seq2seq"):
+            raise LmforgeError(f"model.preset: {preset!r} is not an encoder-decoder (seq2seq-* or rnn-seq2seq-*)")
+        architecture = None  # the default architecture of the config's kind
+    model = build_model(config, architecture)
+    if objective == "mlm":  # no next-sentence task: the pooler and NSP head get no gradient (DDP would refuse them)
+        for module in (model.encoder.pooler, model.nsp):
+            module.requires_grad_(False)
+    return model
+
+
+def _known(preset: str, values: dict[str, Any]) -> dict[str, Any]:
+    from lmforge.models import get_preset
+
+    fields = set(type(get_preset(preset)).__dataclass_fields__)
+    return {k: v for k, v in values.items() if k in fields}
+
+
+def build_source(data: DataSection, tokenizer, out: Path, files: list[Path], batch_size: int, seed: int):
+    evals = {"n_eval_batches": data.eval_batches, "eval_batch_size": data.eval_batch_size, "seed": seed}
+    if data.objective == "seq2seq":
+        src, tgt = get_pair_corpora(data, files, tokenizer, out)
+        bos = getattr(tokenizer, "bos_id", None)
+        eos = getattr(tokenizer, "eos_id", None)
+        return Seq2SeqSource(TokenShard.open(src), TokenShard.open(tgt), batch_size, data.seq_len,
+                             bos_id=bos if bos is not None else tokenizer.cls_id,
+                             eos_id=eos if eos is not None else tokenizer.sep_id, pad_id=tokenizer.pad_id,
+                             eval_shard=TokenShard.open(src, "valid"),
+                             eval_target_shard=TokenShard.open(tgt, "valid"), **evals)
+    corpus = get_corpus(data, files, tokenizer, out)
+    train, valid = TokenShard.open(corpus, "train", tokenizer), TokenShard.open(corpus, "valid", tokenizer)
+    if data.objective in ("clm", "bilm"):  # the biLM reads the same windows in both directions
+        return CausalLMSource(train, batch_size, data.seq_len, eval_shard=valid, **evals)
+    special = SpecialIds.from_tokenizer(tokenizer, whole_word=data.whole_word)
+    return MaskedLMSource(train, special, batch_size, data.seq_len, nsp=data.objective == "mlm+nsp",
+                          probability=data.mlm_probability, eval_shard=valid, **evals)
+
+
+# -- the whole run ------------------------------------------------------------------------------------------
+def pretrain(recipe: dict[str, Any], out: str | Path):
+    """Run (or resume) a pretraining recipe into ``out``; returns (TrainResult, model directory)."""
+    from lmforge.models import save_pretrained
+    from lmforge.train.config import TrainConfig
+    from lmforge.train.distributed import detect
+    from lmforge.train.trainer import Trainer, seed_everything
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = DataSection.from_dict(recipe.get("data") or {})
+    config = TrainConfig.from_dict(recipe.get("train"))
+    files = expand_files(data.files)
+    tokenizer = get_tokenizer(recipe.get("tokenizer") or {}, files, out, data.objective)
+    source = build_source(data, tokenizer, out, files, config.batch_size, config.seed)
+    seed_everything(config.seed)
+    model = build_pretraining_model(recipe.get("model") or {}, tokenizer, data.objective)
+    window = getattr(model.config, "max_positions", None)
+    if window is not None and data.seq_len > window:
+        raise LmforgeError(f"data.seq_len: {data.seq_len} is longer than model.max_positions {window}: lower "
+                           f"data.seq_len or raise model.max_positions")
+    resolved = {**recipe, "model": {**(recipe.get("model") or {}), "resolved": model.config.to_dict()}}
+    result = Trainer(model, source, config, out, recipe=resolved).fit()
+    model_dir = out / "model"
+    if detect().is_main:  # under torchrun only rank 0 writes
+        save_pretrained(model, model_dir, tokenizer)
+    return result, model_dir
