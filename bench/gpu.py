@@ -117,7 +117,7 @@ def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, 
         for name in ("lmforge compiled", "lmforge eager"):
             r = row(f"greedy decoding, {name} (batch {batch}, prompt {prompt}, {new} new)", tok_s[name], peer,
                     flops, peak)
-            r["peer"] = {k: round(v, 1) for k, v in tok_s.items() if k.startswith("transformers")}
+            r["peers"] = {k: round(v, 1) for k, v in tok_s.items() if k.startswith("transformers")}
             r["same_tokens_as_eager"] = agree
             rows.append(r)
     del ours, hf
