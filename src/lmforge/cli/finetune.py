@@ -15,20 +15,22 @@ from lmforge.cli.common import add_common, apply_threads, input_lines
 
 
 def run_finetune(args) -> int:
+    from lmforge.train.config import TrainConfig, load_recipe
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import FinetuneArgs, finetune
 
-    fields = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__ and v is not None}
-    fields["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
-    if fields["lora_targets"] is None:
-        del fields["lora_targets"]
-    report = finetune(FinetuneArgs(**fields))
+    flags = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__}
+    flags["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
+    recipe = load_recipe(args.config, args.overrides, {"train": TrainConfig, "finetune": FinetuneArgs}) \
+        if args.config else {}
+    fargs = FinetuneArgs.from_recipe(recipe, flags)
+    report = finetune(fargs)
     metrics = report.get("eval") or {}
     if metrics:
         print(format_report(metrics), file=sys.stderr)
     summary = {k: v for k, v in report.items() if k != "eval"}
     summary["eval"] = {k: v for k, v in metrics.items() if k not in ("per_class", "confusion")}
-    print(json.dumps({"out": args.out, **summary}))
+    print(json.dumps({"out": fargs.out, **summary}))
     return 0
 
 
@@ -97,6 +99,12 @@ def add_commands(sub) -> None:
     p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
     p.add_argument("--warmup", type=float, help="share of the steps spent warming up (default 0.1)")
     p.add_argument("--eval-batch-size", type=int, help="rows per evaluation batch (default 64)")
+    p.add_argument("--unlabeled", metavar="FILE", help="self-training: texts to pseudo-label, one a line (or "
+                   "CSV / JSONL; true labels, if present, only score the pseudo-labels)")
+    p.add_argument("--self-train-rounds", type=int, help="rounds of pseudo-labeling and re-training (default 1)")
+    p.add_argument("--confidence", type=float, help="keep a pseudo-label when its top probability >= C (default 0.9)")
+    p.add_argument("--pseudo-ratio", type=float, help="at most this many pseudo-labels per labeled example, "
+                   "split over the classes as the labeled set is (default 1)")
     add_common(p, device="auto")
     # None = not given: the recipe's value, else FinetuneArgs' default, applies
     p.set_defaults(device=None, mix=None, merge=None, label_all=None, scratch=None)
