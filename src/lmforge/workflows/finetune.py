@@ -11,8 +11,12 @@ Hugging Face BERT folder such as all-MiniLM-L6-v2's. Adapter-only outputs hold `
 (the trained tensors only) and ``adapter_config.json`` (base model path, strategy, labels);
 ``lmforge.interop.directories.load_finetuned`` rebuilds either kind of output (the surgery itself is
 ``lmforge.models.strategies``, the settings ``workflows/finetune_args.py``, evaluation and prediction
-``workflows/classify.py``). An ELMo biLM (``models/elmo.py``, ``objective: bilm``)
-is a starting model too, for full and frozen (--mix: ELMo's task-specific mix of its 2L + 1 representations).
+``workflows/classify.py``, self-training's pseudo-labels ``workflows/self_training.py``). An ELMo biLM
+(``models/elmo.py``, ``objective: bilm``) is a starting model too, for full and frozen (--mix: ELMo's
+task-specific mix of its 2L + 1 representations).
+
+With ``unlabeled`` set, self-training rounds follow the first fine-tuning (``self_train``): pseudo-label the
+unlabeled texts, fine-tune the starting model again on labels + pseudo-labels.
 
     >>> result = finetune(FinetuneArgs(model="runs/bert-mini-ft/model", task="seq-cls", train="train.csv",
     ...                                eval="dev.csv", strategy="lora", out="runs/cls-lora"))  # doctest: +SKIP
@@ -39,7 +43,8 @@ from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 from lmforge.interop.directories import build_task_model, load_finetuned, save_finetuned
 from lmforge.models.strategies import StrategySpec, apply_strategy
-from lmforge.workflows.classify import encode, evaluate_model, predict_lines
+from lmforge.workflows import self_training
+from lmforge.workflows.classify import encode, evaluate_model, predict_lines, probabilities
 from lmforge.workflows.finetune_args import CNN_LR, DEFAULT_LR, REPORT_FILE, FinetuneArgs
 
 # The fine-tuning API in one place: train (finetune), reload (load_finetuned), score and predict.
@@ -210,11 +215,8 @@ def self_train(args: FinetuneArgs, model: nn.Module, tok, names: list[str], trai
     pseudo-labels added per class, their accuracy when the unlabeled file carries true labels, and the
     evaluation metrics; the top-level entries describe the last round.
     """
-    from lmforge.workflows.classify import probabilities
-    from lmforge.workflows.self_training import pseudo_examples, pseudo_report, read_unlabeled, select_pseudo_labels
-
     out = Path(args.out)
-    unlabeled = read_unlabeled(args.unlabeled, names)
+    unlabeled = self_training.read_unlabeled(args.unlabeled, names)
     counts = [sum(ex.label == n for ex in train_ex) for n in names]
     report = first
     rounds = [_round_summary(0, first, {"pseudo_labels": 0, "pseudo_per_class": {}, "pseudo_accuracy": None}, 0.0)]
@@ -223,13 +225,14 @@ def self_train(args: FinetuneArgs, model: nn.Module, tok, names: list[str], trai
         max_len = min(args.max_len, model.config.max_positions)
         feats = encode(args.task, unlabeled, tok, names, max_len)
         probs = torch.stack(probabilities(model, feats, tok.pad_id, args.eval_batch_size))  # (N, C)
-        chosen = select_pseudo_labels(probs, counts, args.confidence, args.pseudo_ratio)
+        chosen = self_training.select_pseudo_labels(probs, counts, args.confidence, args.pseudo_ratio)
         predict_s = time.perf_counter() - start
         del model
-        model, tok, fitted = fit(args, train_ex + pseudo_examples(unlabeled, chosen, names), names, out / f"run-{r}")
+        model, tok, fitted = fit(args, train_ex + self_training.pseudo_examples(unlabeled, chosen, names), names,
+                                 out / f"run-{r}")
         png = out / "confusion.png" if r == args.self_train_rounds else None
         report = {**first, **fitted, **score(args, model, tok, names, eval_ex, png)}
-        rounds.append(_round_summary(r, report, pseudo_report(unlabeled, chosen, names), predict_s))
+        rounds.append(_round_summary(r, report, self_training.pseudo_report(unlabeled, chosen, names), predict_s))
     report["self_training"] = {"unlabeled": str(args.unlabeled), "unlabeled_texts": len(unlabeled),
                                "confidence": args.confidence, "pseudo_ratio": args.pseudo_ratio,
                                "max_pseudo_labels": int(args.pseudo_ratio * len(train_ex)), "rounds": rounds}
@@ -251,9 +254,7 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
     out = Path(args.out)
     train_ex, eval_ex, names = read_examples(args)
     if args.unlabeled:  # the file is checked before any training
-        from lmforge.workflows.self_training import read_unlabeled
-
-        read_unlabeled(args.unlabeled, names)
+        self_training.read_unlabeled(args.unlabeled, names)
     model, tok, fitted = fit(args, train_ex, names, out / "run")
     last = args.unlabeled is None
     report: dict[str, Any] = {"model": str(args.model), "task": args.task, "strategy": args.strategy,
