@@ -324,6 +324,10 @@ def pretrain(recipe: dict[str, Any], out: str | Path):
     source = build_source(data, tokenizer, out, files, config.batch_size, config.seed)
     seed_everything(config.seed)
     model = build_pretraining_model(recipe.get("model") or {}, tokenizer, data.objective)
+    vocab = getattr(model.config, "vocab_size", None)
+    if "init_from" in (recipe.get("model") or {}) and tokenizer.vocab_size > vocab:  # not the model's tokenizer
+        raise LmforgeError(f"model.init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model "
+                           f"only {vocab} embeddings: tokenizer and model do not match")
     resolved = {**recipe, "model": {**(recipe.get("model") or {}), "resolved": model.config.to_dict()}}
     result = Trainer(model, source, config, out, recipe=resolved).fit()
     model_dir = out / "model"
