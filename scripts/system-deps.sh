@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages that some real-data and browser tests use: chromium + chromium-driver (the attention
-# explorer's browser test) and the SWORD Bible modules (en-es verse pairs). Installed only when missing and
-# when this user may (root with apt-get); otherwise the tests that need them skip and say why.
+# explorer's browser test), the SWORD Bible modules (en-es verse pairs) and wordnet-base (supersense glosses).
+# Installed only when missing and when this user may (root with apt-get); otherwise the tests that need them
+# skip and say why.
 set -u
 need=()
-for pkg in chromium chromium-driver sword-text-web sword-text-sparv libsword-utils; do
+for pkg in chromium chromium-driver sword-text-web sword-text-sparv libsword-utils wordnet-base; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 [ ${#need[@]} -eq 0 ] && exit 0

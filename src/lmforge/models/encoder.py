@@ -116,6 +116,18 @@ class EncoderForPreTraining(nn.Module):
         init_weights(self.nsp)
         self.mlm.tie(self.encoder.embeddings.tok_emb)
 
+    @classmethod
+    def from_encoder(cls, encoder: Encoder) -> EncoderForPreTraining:
+        """Fresh pre-training heads on a trained ``encoder`` (a checkpoint without them, e.g. MiniLM).
+
+        The MLM transform and LayerNorm start as BERT initialises them, the decoder is the encoder's
+        word-embedding matrix itself (tied) and its bias starts at zero; the NSP head is fresh too.
+        """
+        model = cls(encoder.config)
+        model.encoder = encoder
+        model.mlm.tie(encoder.embeddings.tok_emb)
+        return model
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -11,8 +11,12 @@ Hugging Face BERT folder such as all-MiniLM-L6-v2's. Adapter-only outputs hold `
 (the trained tensors only) and ``adapter_config.json`` (base model path, strategy, labels);
 ``lmforge.interop.directories.load_finetuned`` rebuilds either kind of output (the surgery itself is
 ``lmforge.models.strategies``, the settings ``workflows/finetune_args.py``, evaluation and prediction
-``workflows/classify.py``). An ELMo biLM (``models/elmo.py``, ``objective: bilm``)
-is a starting model too, for full and frozen (--mix: ELMo's task-specific mix of its 2L + 1 representations).
+``workflows/classify.py``, self-training's pseudo-labels ``workflows/self_training.py``). An ELMo biLM
+(``models/elmo.py``, ``objective: bilm``) is a starting model too, for full and frozen (--mix: ELMo's
+task-specific mix of its 2L + 1 representations).
+
+With ``unlabeled`` set, self-training rounds follow the first fine-tuning (``self_train``): pseudo-label the
+unlabeled texts, fine-tune the starting model again on labels + pseudo-labels.
 
     >>> result = finetune(FinetuneArgs(model="runs/bert-mini-ft/model", task="seq-cls", train="train.csv",
     ...                                eval="dev.csv", strategy="lora", out="runs/cls-lora"))  # doctest: +SKIP
@@ -39,7 +43,8 @@ from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 from lmforge.interop.directories import build_task_model, load_finetuned, save_finetuned
 from lmforge.models.strategies import StrategySpec, apply_strategy
-from lmforge.workflows.classify import encode, evaluate_model, predict_lines
+from lmforge.workflows import self_training
+from lmforge.workflows.classify import encode, evaluate_model, predict_lines, probabilities
 from lmforge.workflows.finetune_args import CNN_LR, DEFAULT_LR, REPORT_FILE, FinetuneArgs
 
 # The fine-tuning API in one place: train (finetune), reload (load_finetuned), score and predict.
@@ -167,13 +172,10 @@ def train_config(args: FinetuneArgs, steps: int):
                        precision=args.precision, compile=args.compile)
 
 
-def finetune(args: FinetuneArgs) -> dict[str, Any]:
-    """Train, evaluate and save one run into ``args.out``; returns the report also written to finetune.json."""
+def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """Fine-tune the starting model on ``train_ex``: (trained model, tokenizer, what the report says of it)."""
     from lmforge.train.trainer import Trainer
 
-    args.check()
-    out = Path(args.out)
-    train_ex, eval_ex, names = read_examples(args)
     model, tok = prepare_model(args, len(names))
     max_len = min(args.max_len, model.config.max_positions)
     train_feats = encode(args.task, train_ex, tok, names, max_len, args.label_all)
@@ -184,23 +186,87 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
               "finetune": {k: v for k, v in asdict(args).items() if k not in ("progress", "out")},
               "train": config.to_dict()}
     counts, clock = parameter_counts(model), LastStepClock()
-    trainer = Trainer(model, source, config, out / "run", callbacks=[clock], recipe=recipe)
+    trainer = Trainer(model, source, config, run_dir, callbacks=[clock], recipe=recipe)
     rss_before = current_rss()
     start, start_cpu = time.perf_counter(), time.process_time()
     result = trainer.fit()
     train_s = (clock.last or time.perf_counter()) - start  # up to the last update, before the final checkpoint
     train_cpu = (clock.last_cpu or time.process_time()) - start_cpu  # CPU seconds: robust to a busy machine
-    report: dict[str, Any] = {"model": str(args.model), "task": args.task, "strategy": args.strategy,
-                              "mix": args.mix, "scratch": args.scratch, "labels": len(names),
-                              "train_examples": len(train_ex), "steps": steps, "train_loss": result.loss,
-                              "train_time_s": round(train_s, 2), "train_cpu_s": round(train_cpu, 2),
-                              "threads": torch.get_num_threads(), "lr": config.lr, "batch_size": args.batch_size,
-                              "max_len": max_len, **counts, **memory_report(model, rss_before, trainer.device)}
-    if eval_ex:
+    if not args.keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return model, tok, {"train_examples": len(train_ex), "steps": steps, "train_loss": result.loss,
+                        "train_time_s": round(train_s, 2), "train_cpu_s": round(train_cpu, 2),
+                        "threads": torch.get_num_threads(), "lr": config.lr, "batch_size": args.batch_size,
+                        "max_len": max_len, **counts, **memory_report(model, rss_before, trainer.device)}
+
+
+def score(args: FinetuneArgs, model: nn.Module, tok, names: list[str], eval_ex: list,
+          png: Path | None) -> dict[str, Any]:
+    """{"eval": metrics, "eval_time_s": seconds} on the evaluation examples (nothing without them)."""
+    if not eval_ex:
+        return {}
+    start = time.perf_counter()
+    max_len = min(args.max_len, model.config.max_positions)
+    metrics = evaluate_model(model.eval(), tok, args.task, names, eval_ex, max_len, args.eval_batch_size, png)
+    return {"eval": metrics, "eval_time_s": round(time.perf_counter() - start, 2)}
+
+
+def self_train(args: FinetuneArgs, model: nn.Module, tok, names: list[str], train_ex: list, eval_ex: list,
+               first: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    """Rounds 1..R of self-training (``workflows/self_training.py``) after round 0 (``model``, ``first``).
+
+    Returns the last round's model and the report: ``self_training.rounds`` lists, per round, the
+    pseudo-labels added per class, their accuracy when the unlabeled file carries true labels, and the
+    evaluation metrics; the top-level entries describe the last round.
+    """
+    out = Path(args.out)
+    unlabeled = self_training.read_unlabeled(args.unlabeled, names)
+    counts = [sum(ex.label == n for ex in train_ex) for n in names]
+    report = first
+    rounds = [_round_summary(0, first, {"pseudo_labels": 0, "pseudo_per_class": {}, "pseudo_accuracy": None}, 0.0)]
+    for r in range(1, args.self_train_rounds + 1):
         start = time.perf_counter()
-        report["eval"] = evaluate_model(model.eval(), tok, args.task, names, eval_ex, max_len, args.eval_batch_size,
-                                        out / "confusion.png")
-        report["eval_time_s"] = round(time.perf_counter() - start, 2)
+        max_len = min(args.max_len, model.config.max_positions)
+        feats = encode(args.task, unlabeled, tok, names, max_len)
+        probs = torch.stack(probabilities(model, feats, tok.pad_id, args.eval_batch_size))  # (N, C)
+        chosen = self_training.select_pseudo_labels(probs, counts, args.confidence, args.pseudo_ratio)
+        predict_s = time.perf_counter() - start
+        del model
+        model, tok, fitted = fit(args, train_ex + self_training.pseudo_examples(unlabeled, chosen, names), names,
+                                 out / f"run-{r}")
+        png = out / "confusion.png" if r == args.self_train_rounds else None
+        report = {**first, **fitted, **score(args, model, tok, names, eval_ex, png)}
+        rounds.append(_round_summary(r, report, self_training.pseudo_report(unlabeled, chosen, names), predict_s))
+    report["self_training"] = {"unlabeled": str(args.unlabeled), "unlabeled_texts": len(unlabeled),
+                               "confidence": args.confidence, "pseudo_ratio": args.pseudo_ratio,
+                               "max_pseudo_labels": int(args.pseudo_ratio * len(train_ex)), "rounds": rounds}
+    return model, report
+
+
+def _round_summary(r: int, report: dict[str, Any], pseudo: dict[str, Any], predict_s: float) -> dict[str, Any]:
+    metrics = {k: v for k, v in (report.get("eval") or {}).items() if isinstance(v, (int, float))}
+    return {"round": r, **pseudo, "train_examples": report["train_examples"], "predict_time_s": round(predict_s, 2),
+            "train_time_s": report["train_time_s"], "eval": metrics}
+
+
+def finetune(args: FinetuneArgs) -> dict[str, Any]:
+    """Train, evaluate and save one run into ``args.out``; returns the report also written to finetune.json.
+
+    With ``args.unlabeled``: self-training rounds follow (``self_train``); the last round's model is saved.
+    """
+    args.check()
+    out = Path(args.out)
+    train_ex, eval_ex, names = read_examples(args)
+    if args.unlabeled:  # the file is checked before any training
+        self_training.read_unlabeled(args.unlabeled, names)
+    model, tok, fitted = fit(args, train_ex, names, out / "run")
+    last = args.unlabeled is None
+    report: dict[str, Any] = {"model": str(args.model), "task": args.task, "strategy": args.strategy,
+                              "mix": args.mix, "scratch": args.scratch, "labels": len(names), **fitted,
+                              **score(args, model, tok, names, eval_ex, out / "confusion.png" if last else None)}
+    if args.unlabeled:
+        model, report = self_train(args, model, tok, names, train_ex, eval_ex, report)
+    max_len = report["max_len"]
     spec = strategy_spec(args)
     info = {"task": args.task, "strategy": args.strategy, "labels": names, "base_model": str(args.model),
             "max_len": max_len, "mix": args.mix,
@@ -208,7 +274,5 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
                      "targets": list(spec.lora_targets)},
             "adapter": {"size": spec.adapter_size}}
     report["checkpoint_bytes"] = save_finetuned(model.cpu(), tok, out, info, merge=args.merge)
-    if not args.keep_checkpoints:
-        shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)
     write_text_atomic(out / REPORT_FILE, json.dumps(report, indent=1) + "\n")
     return report

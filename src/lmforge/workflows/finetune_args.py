@@ -58,6 +58,10 @@ class FinetuneArgs:
     compile: bool = False  # torch.compile the model
     progress: bool = True
     keep_checkpoints: bool = False
+    unlabeled: str | None = None  # self-training: texts to pseudo-label (workflows/self_training.py)
+    self_train_rounds: int = 1  # rounds of pseudo-labeling after the first fine-tuning
+    confidence: float = 0.9  # a pseudo-label needs its top class probability >= this
+    pseudo_ratio: float = 1.0  # at most this many pseudo-labels per labeled example
 
     def check(self) -> None:
         from lmforge.data.tasks import TASKS
@@ -75,8 +79,16 @@ class FinetuneArgs:
             raise LmforgeError(f"--arch: {self.arch!r} is not one of {', '.join(ARCHS)}")
         if self.arch == "cnn" and (self.task, self.strategy, self.scratch) != ("seq-cls", "full", False):
             raise LmforgeError("--arch cnn trains a new model: it goes with --task seq-cls --strategy full")
-
-
+        if self.unlabeled is not None:
+            if self.task != "seq-cls":
+                raise LmforgeError("--unlabeled: self-training supports --task seq-cls only (a token-cls "
+                                   "pseudo-label would need a confidence per word)")
+            if self.self_train_rounds < 1:
+                raise LmforgeError(f"--self-train-rounds: {self.self_train_rounds}; give 1 or more")
+            if not 0.0 < self.confidence <= 1.0:
+                raise LmforgeError(f"--confidence: {self.confidence}; give a probability in (0, 1]")
+            if self.pseudo_ratio <= 0:
+                raise LmforgeError(f"--pseudo-ratio: {self.pseudo_ratio}; give a positive multiple")
 
     @classmethod
     def from_recipe(cls, recipe: dict[str, Any], flags: dict[str, Any]) -> FinetuneArgs:

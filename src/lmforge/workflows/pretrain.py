@@ -12,6 +12,10 @@ Everything lands in the run directory ``out``: ``tokenizer/``, ``corpus/``, ``co
 tokenizer.json: ``lmforge.load(out / "model")``). Running the same command again resumes the run.
 In ``data.files``, ``shakespeare`` stands for the 42 works and ``bible-en-es`` for the training verse pairs,
 both fetched by ``lmforge.data.sources``.
+
+Continued pretraining (domain-adaptive pretraining, Gururangan et al. 2020): ``model: {init_from: DIR}``
+starts from the weights of DIR (an lmforge model directory or a Hugging Face BERT / GPT-2 folder) and
+tokenizes with DIR's tokenizer as it is; see ``configs/bert-dapt.yaml`` and docs/pretraining.md.
 """
 
 from __future__ import annotations
@@ -169,8 +173,11 @@ def get_pair_corpora(data: DataSection, files: list[Path], tokenizer, out: Path)
 
 # -- model and data source ------------------------------------------------------------------------------------
 def build_pretraining_model(section: dict[str, Any], tokenizer, objective: str):
+    """A fresh model for the objective, or, with ``init_from``, the checkpoint's weights under its heads."""
     from lmforge.models import build_model, get_preset
 
+    if "init_from" in section:
+        return _only_mlm(model_from_checkpoint(section, objective), objective)
     section = dict(section)
     defaults = {"clm": "gpt-tiny", "seq2seq": "seq2seq-tiny", "bilm": "bilm-tiny"}
     preset = section.pop("preset", defaults.get(objective, "bert-tiny"))
@@ -185,11 +192,105 @@ def build_pretraining_model(section: dict[str, Any], tokenizer, objective: str):
         if config.kind not in ("seq2seq", "rnn-seq2seq"):
             raise LmforgeError(f"model.preset: {preset!r} is not an encoder-decoder (seq2seq-* or rnn-seq2seq-*)")
         architecture = None  # the default architecture of the config's kind
-    model = build_model(config, architecture)
+    return _only_mlm(build_model(config, architecture), objective)
+
+
+def _only_mlm(model, objective: str):
     if objective == "mlm":  # no next-sentence task: the pooler and NSP head get no gradient (DDP would refuse them)
         for module in (model.encoder.pooler, model.nsp):
             module.requires_grad_(False)
     return model
+
+
+# -- continued pretraining: model.init_from ------------------------------------------------------------------
+INIT_OBJECTIVES = {"clm": "a decoder (GPT)", "mlm": "a BERT-style encoder", "mlm+nsp": "a BERT-style encoder"}
+INIT_KINDS = {"clm": ("decoder", "gpt2"), "mlm": ("encoder", "bert"), "mlm+nsp": ("encoder", "bert")}  # config.json
+
+
+def checkpoint_dir(section: dict[str, Any], objective: str) -> Path:
+    """``model.init_from`` checked: a directory, with a tokenizer, for an objective that can continue."""
+    from lmforge.interop.directories import has_tokenizer
+
+    if not section.get("init_from"):
+        raise LmforgeError("model.init_from: give the checkpoint directory (model.init_from=DIR)")
+    folder = Path(str(section["init_from"]))
+    if objective not in INIT_OBJECTIVES:
+        raise LmforgeError(f"model.init_from: continued pretraining supports data.objective "
+                           f"{' | '.join(INIT_OBJECTIVES)}, not {objective!r}")
+    if not folder.is_dir():
+        raise LmforgeError(f"model.init_from: {folder}: no such directory")
+    if not has_tokenizer(folder):
+        raise LmforgeError(f"model.init_from: {folder} has no tokenizer (tokenizer.json or vocab.txt); "
+                           "continued pretraining keeps the checkpoint's vocabulary, so it needs one")
+    if (folder / "config.json").is_file():  # the wrong kind is named before any text is tokenized
+        from lmforge.models.config import read_json
+
+        config = read_json(folder / "config.json")
+        kind = config.get("kind") or config.get("model_type")
+        if kind is not None and kind not in INIT_KINDS[objective]:
+            raise _wrong_kind(folder, f"{kind} model", objective)
+    return folder
+
+
+def _wrong_kind(folder: Path, what: str, objective: str) -> LmforgeError:
+    return LmforgeError(f"model.init_from: {folder} holds a {what}, not {INIT_OBJECTIVES[objective]}; "
+                        f"data.objective {objective} needs one")
+
+
+def checkpoint_tokenizer(recipe: dict[str, Any], objective: str, out: Path):
+    """The tokenizer of ``model.init_from``, used as it is (no training), saved into out/tokenizer."""
+    from lmforge.tokenizers import load_tokenizer
+
+    if recipe.get("tokenizer"):
+        raise LmforgeError("tokenizer: not used with model.init_from (the checkpoint's tokenizer is kept as it is)")
+    tokenizer = load_tokenizer(checkpoint_dir(recipe["model"], objective))
+    tokenizer.save(out / "tokenizer")
+    return tokenizer
+
+
+def model_from_checkpoint(section: dict[str, Any], objective: str):
+    """The model of ``model.init_from`` ready for ``objective``; a missing MLM head is created fresh.
+
+    clm: the checkpoint must be a decoder (GPT-2's LM head is its tied embedding matrix).
+    mlm, mlm+nsp: an encoder; a bare one (MiniLM, a fine-tuned classifier's backbone) gets a fresh MLM head
+    whose decoder is tied to the word embeddings, its bias zero (``EncoderForPreTraining.from_encoder``).
+    """
+    from lmforge.interop.directories import load
+    from lmforge.models.decoder import Decoder
+    from lmforge.models.encoder import Encoder, EncoderForPreTraining
+    from lmforge.train.logs import info
+
+    folder = checkpoint_dir(section, objective)
+    base, _ = load(folder, tokenizer=False)
+    kind = type(base).__name__
+    check_sizes(section, base.config, folder)
+    if objective == "clm":
+        if not isinstance(base, Decoder):
+            raise _wrong_kind(folder, kind, objective)
+        return base.train()
+    if isinstance(base, EncoderForPreTraining):
+        return base.train()
+    encoder = base if isinstance(base, Encoder) else getattr(base, "encoder", None)
+    if not isinstance(encoder, Encoder):
+        raise _wrong_kind(folder, kind, objective)
+    info(f"{folder}: the checkpoint has no MLM head; starting a fresh one (transform + LayerNorm, decoder "
+         "tied to the word embeddings, bias 0)")
+    return EncoderForPreTraining.from_encoder(encoder).train()
+
+
+def check_sizes(section: dict[str, Any], config, folder: Path) -> None:
+    """Other ``model.*`` keys beside init_from may only repeat the checkpoint's values: it sets the sizes."""
+    fields = config.to_dict()
+    for key, value in section.items():
+        if key == "init_from":
+            continue
+        if key == "preset":
+            raise LmforgeError("model.preset: not used with model.init_from (the checkpoint is the model)")
+        if key not in fields:
+            raise LmforgeError(f"model.{key}: unknown key for the {config.kind} in {folder}")
+        if fields[key] != value:
+            raise LmforgeError(f"model.{key}: {value!r} conflicts with the checkpoint {folder} "
+                               f"({key} {fields[key]!r}); drop the key")
 
 
 def _known(preset: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -232,10 +333,17 @@ def pretrain(recipe: dict[str, Any], out: str | Path):
     data = DataSection.from_dict(recipe.get("data") or {})
     config = TrainConfig.from_dict(recipe.get("train"))
     files = expand_files(data.files)
-    tokenizer = get_tokenizer(recipe.get("tokenizer") or {}, files, out, data.objective)
+    if "init_from" in (recipe.get("model") or {}):
+        tokenizer = checkpoint_tokenizer(recipe, data.objective, out)
+    else:
+        tokenizer = get_tokenizer(recipe.get("tokenizer") or {}, files, out, data.objective)
     source = build_source(data, tokenizer, out, files, config.batch_size, config.seed)
     seed_everything(config.seed)
     model = build_pretraining_model(recipe.get("model") or {}, tokenizer, data.objective)
+    vocab = getattr(model.config, "vocab_size", None)
+    if "init_from" in (recipe.get("model") or {}) and tokenizer.vocab_size > vocab:  # not the model's tokenizer
+        raise LmforgeError(f"model.init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model "
+                           f"only {vocab} embeddings: tokenizer and model do not match")
     window = getattr(model.config, "max_positions", None)
     if window is not None and data.seq_len > window:
         raise LmforgeError(f"data.seq_len: {data.seq_len} is longer than model.max_positions {window}: lower "
