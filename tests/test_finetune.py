@@ -234,3 +234,27 @@ def test_lora_exports_to_peft_and_merged(base, tmp_path, capsys):
         merged, _, merged_info = load_finetuned(tmp_path / "merged")
         assert (merged(ids).logits - ours(ids).logits).abs().max() < 1e-5
     assert merged_info["labels"] == info["labels"] and not (tmp_path / "merged" / "adapter_config.json").exists()
+
+
+def test_evaluation_during_training_keeps_the_best_step_and_stops_early(base, tmp_path, capsys):
+    """--eval-every scores the model as it trains; the saved model is the best one (its accuracy is the one
+    reported for that step); --early-stopping ends the run after PATIENCE evaluations without gain."""
+    out = tmp_path / "o"
+    code, stdout, err = cli(capsys, "finetune", "--model", str(base / "base"), "--task", "seq-cls", "--train",
+                            str(base / "train.csv"), "--eval", str(base / "dev.csv"), "--out", str(out),
+                            "--max-steps", "40", "--batch-size", "8", "--lr", "3e-3", "--no-progress",
+                            "--eval-every", "4", "--early-stopping", "2")
+    assert code == 0, err
+    report = json.loads((out / "finetune.json").read_text())
+    evals, best = report["evals"], report["best"]
+    assert [e["step"] for e in evals] == list(range(4, 4 * len(evals) + 1, 4))
+    assert best["value"] == max(e["accuracy"] for e in evals)
+    first_best = next(e["step"] for e in evals if e["accuracy"] == best["value"])
+    assert best["step"] == first_best and report["eval"]["accuracy"] == best["value"]  # the kept weights
+    if report["stopped_early_at"] is not None:  # two evaluations in a row without gain, then the stop
+        assert report["stopped_early_at"] == evals[-1]["step"] == best["step"] + 8
+    else:
+        assert len(evals) == 10
+    code, _, err = cli(capsys, "finetune", "--model", str(base / "base"), "--task", "seq-cls", "--train",
+                       str(base / "train.csv"), "--out", str(out), "--eval-every", "4")
+    assert code == 2 and "--eval FILE" in err

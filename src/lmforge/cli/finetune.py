@@ -139,6 +139,13 @@ def add_commands(sub) -> None:
     p.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay (default 0.01)")
     p.add_argument("--warmup", type=fraction, help="share of the steps spent warming up (default 0.1)")
     p.add_argument("--eval-batch-size", type=positive_int, help="rows per evaluation batch (default 64)")
+    p.add_argument("--eval-every", type=positive_int, metavar="N",
+                   help="score the model on --eval every N steps and keep the best weights (the report says "
+                   "which step)")
+    p.add_argument("--best-metric", choices=["accuracy", "macro_f1", "chunk_f1"],
+                   help="what 'best' means with --eval-every (default accuracy)")
+    p.add_argument("--early-stopping", type=positive_int, metavar="PATIENCE",
+                   help="with --eval-every: stop after PATIENCE evaluations without improvement")
     add_training_flags(p, "finetune")
     p.add_argument("--unlabeled", metavar="FILE", help="self-training: texts to pseudo-label, one a line (or "
                    "CSV / JSONL; true labels, if present, only score the pseudo-labels)")

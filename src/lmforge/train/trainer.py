@@ -118,6 +118,7 @@ class Trainer:
         self.model, self.source, self.config = model, source, config
         self.run_dir = Path(run_dir)
         self.callbacks = list(callbacks or [])
+        self.stop_early = False  # a callback sets it to end the run after the current step
         self.recipe = recipe if recipe is not None else default_recipe(model, config)
         self.env = D.detect()
         self.device = D.pick_device(config.device, self.env)
@@ -251,10 +252,14 @@ class Trainer:
                             log.plot(self.run_dir / "loss.png")
                         for cb in self.callbacks if env.is_main else []:
                             cb.on_eval(self, step, metrics)
-                if save_now:
+                stop_now = self.stop_early and not last  # a callback asked (early stopping)
+                if save_now or stop_now:
                     last_ckpt = self.save()
                 if os.environ.get(KILL_HOOK) == str(step):
                     os.kill(os.getpid(), signal.SIGKILL)
+                if stop_now:
+                    info(f"stopping early at step {step} (a callback asked); checkpoint {last_ckpt}")
+                    break
             if env.is_main and cfg.plot:
                 log.plot(self.run_dir / "loss.png")
         finally:

@@ -167,14 +167,26 @@ def train_config(args: FinetuneArgs, steps: int):
     lr = args.lr or (CNN_LR if args.arch == "cnn" else DEFAULT_LR[args.strategy])
     return TrainConfig(lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
                        warmup_steps=int(args.warmup * steps), max_steps=steps, schedule="linear",
-                       batch_size=args.batch_size, save_every=0, keep_last=1, log_every=max(1, steps // 20),
+                       batch_size=args.batch_size, save_every=0, keep_last=1, log_every=log_every(args, steps),
                        progress=args.progress, tensorboard=False, seed=args.seed, device=args.device,
                        precision=args.precision, compile=args.compile)
 
 
-def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path) -> tuple[nn.Module, Any, dict[str, Any]]:
-    """Fine-tune the starting model on ``train_ex``: (trained model, tokenizer, what the report says of it)."""
+def log_every(args: FinetuneArgs, steps: int) -> int:
+    """About 20 log lines a run, on every evaluation step too (callbacks see the logged steps)."""
+    base = max(1, steps // 20)
+    return math.gcd(args.eval_every, base) if args.eval_every else base
+
+
+def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path, eval_ex: list | None = None
+        ) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """Fine-tune the starting model on ``train_ex``: (trained model, tokenizer, what the report says of it).
+
+    With ``args.eval_every`` the model is scored on ``eval_ex`` during training and the best weights are kept
+    (``finetune_eval.BestCheckpoint``; early stopping with ``args.early_stopping``).
+    """
     from lmforge.train.trainer import Trainer
+    from lmforge.workflows.finetune_eval import BestCheckpoint
 
     model, tok = prepare_model(args, len(names))
     max_len = min(args.max_len, model.config.max_positions)
@@ -186,7 +198,12 @@ def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path) -> 
               "finetune": {k: v for k, v in asdict(args).items() if k not in ("progress", "out")},
               "train": config.to_dict()}
     counts, clock = parameter_counts(model), LastStepClock()
-    trainer = Trainer(model, source, config, run_dir, callbacks=[clock], recipe=recipe)
+    best = None
+    if args.eval_every and eval_ex:
+        scoring = dict(tokenizer=tok, task=args.task, names=names, examples=eval_ex, max_len=max_len,
+                       batch_size=args.eval_batch_size)
+        best = BestCheckpoint(model, scoring, args.eval_every, args.best_metric, args.early_stopping)
+    trainer = Trainer(model, source, config, run_dir, callbacks=[clock] + ([best] if best else []), recipe=recipe)
     rss_before = current_rss()
     start, start_cpu = time.perf_counter(), time.process_time()
     result = trainer.fit()
@@ -194,7 +211,11 @@ def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path) -> 
     train_cpu = (clock.last_cpu or time.process_time()) - start_cpu  # CPU seconds: robust to a busy machine
     if not args.keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    return model, tok, {"train_examples": len(train_ex), "steps": steps, "train_loss": result.loss,
+    kept = {}
+    if best is not None:  # the saved model is the best one evaluated, not the last
+        kept = {"best": best.restore_best(), "evals": best.evals,
+                "stopped_early_at": result.step if result.step < steps else None}
+    return model, tok, {**kept, "train_examples": len(train_ex), "steps": steps, "train_loss": result.loss,
                         "train_time_s": round(train_s, 2), "train_cpu_s": round(train_cpu, 2),
                         "threads": torch.get_num_threads(), "lr": config.lr, "batch_size": args.batch_size,
                         "max_len": max_len, **counts, **memory_report(model, rss_before, trainer.device)}
@@ -233,7 +254,7 @@ def self_train(args: FinetuneArgs, model: nn.Module, tok, names: list[str], trai
         predict_s = time.perf_counter() - start
         del model
         model, tok, fitted = fit(args, train_ex + self_training.pseudo_examples(unlabeled, chosen, names), names,
-                                 out / f"run-{r}")
+                                 out / f"run-{r}", eval_ex)
         png = out / "confusion.png" if r == args.self_train_rounds else None
         report = {**first, **fitted, **score(args, model, tok, names, eval_ex, png)}
         rounds.append(_round_summary(r, report, self_training.pseudo_report(unlabeled, chosen, names), predict_s))
@@ -259,7 +280,7 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
     train_ex, eval_ex, names = read_examples(args)
     if args.unlabeled:  # the file is checked before any training
         self_training.read_unlabeled(args.unlabeled, names)
-    model, tok, fitted = fit(args, train_ex, names, out / "run")
+    model, tok, fitted = fit(args, train_ex, names, out / "run", eval_ex)
     last = args.unlabeled is None
     report: dict[str, Any] = {"model": str(args.model), "task": args.task, "strategy": args.strategy,
                               "mix": args.mix, "scratch": args.scratch, "labels": len(names), **fitted,

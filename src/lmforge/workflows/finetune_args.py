@@ -53,6 +53,9 @@ class FinetuneArgs:
     scratch: bool = False  # re-initialise the encoder: the same model and tokenizer, no pretraining
     arch: str = "transformer"  # "cnn": train a fresh SentenceCNN with --model's tokenizer instead
     eval_batch_size: int = 64
+    eval_every: int = 0  # evaluate on --eval every N steps (0: only at the end)
+    best_metric: str = "accuracy"  # with eval_every: keep the best weights by accuracy | macro_f1 | chunk_f1
+    early_stopping: int = 0  # with eval_every: stop after this many evaluations without improvement (0: never)
     device: str = "auto"
     precision: str = "fp32"  # autocast: fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the model
@@ -75,6 +78,14 @@ class FinetuneArgs:
             raise LmforgeError("--mix goes with --strategy frozen")
         if self.merge and self.strategy != "lora":
             raise LmforgeError("--merge goes with --strategy lora")
+        if (self.eval_every or self.early_stopping) and not self.eval:
+            raise LmforgeError("--eval-every / --early-stopping: give --eval FILE to evaluate on")
+        if self.early_stopping and not self.eval_every:
+            raise LmforgeError("--early-stopping: needs --eval-every N (how often to evaluate)")
+        if self.best_metric not in ("accuracy", "macro_f1", "chunk_f1"):
+            raise LmforgeError(f"--best-metric: {self.best_metric!r} is not one of accuracy, macro_f1, chunk_f1")
+        if self.best_metric == "chunk_f1" and self.task != "token-cls":
+            raise LmforgeError("--best-metric chunk_f1 goes with --task token-cls (BIO tags)")
         if self.arch not in ARCHS:
             raise LmforgeError(f"--arch: {self.arch!r} is not one of {', '.join(ARCHS)}")
         if self.arch == "cnn" and (self.task, self.strategy, self.scratch) != ("seq-cls", "full", False):
