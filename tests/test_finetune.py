@@ -240,10 +240,10 @@ def test_evaluation_during_training_keeps_the_best_step_and_stops_early(base, tm
     """--eval-every scores the model as it trains; the saved model is the best one (its accuracy is the one
     reported for that step); --early-stopping ends the run after PATIENCE evaluations without gain."""
     out = tmp_path / "o"
-    code, stdout, err = cli(capsys, "finetune", "--model", str(base / "base"), "--task", "seq-cls", "--train",
-                            str(base / "train.csv"), "--eval", str(base / "dev.csv"), "--out", str(out),
-                            "--max-steps", "40", "--batch-size", "8", "--lr", "3e-3", "--no-progress",
-                            "--eval-every", "4", "--early-stopping", "2")
+    code, _, err = cli(capsys, "finetune", "--model", str(base / "base"), "--task", "seq-cls", "--train",
+                       str(base / "train.csv"), "--eval", str(base / "dev.csv"), "--out", str(out),
+                       "--max-steps", "40", "--batch-size", "8", "--lr", "3e-3", "--no-progress",
+                       "--eval-every", "4", "--early-stopping", "2")
     assert code == 0, err
     report = json.loads((out / "finetune.json").read_text())
     evals, best = report["evals"], report["best"]
