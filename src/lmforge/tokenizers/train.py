@@ -52,6 +52,8 @@ def read_corpus(files: Sequence[str | Path], errors: str = "strict") -> list[str
         except UnicodeDecodeError as err:
             raise LmforgeError(f"{path}: invalid UTF-8 at byte offset {err.start} "
                                "(fix the file or pass --errors replace)") from None
+    if files and not any(t.strip() for t in texts):
+        raise LmforgeError(f"{', '.join(map(str, files))}: no text to learn from (empty corpus)")
     return texts
 
 
