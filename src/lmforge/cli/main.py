@@ -15,7 +15,7 @@ import io
 import sys
 
 from lmforge import __version__
-from lmforge.errors import LmforgeError
+from lmforge.errors import LmforgeError, Stopped
 
 # Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
 COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate", "translate", "finetune",
@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except LmforgeError as err:
         print(f"lmforge: error: {err}", file=sys.stderr)
         return 2
+    except Stopped as stop:  # SIGINT / SIGTERM during training: the checkpoint is saved, the line says where
+        print(f"lmforge: {stop}", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("lmforge: interrupted", file=sys.stderr)
         return 130

@@ -69,8 +69,11 @@ def pick_device(name: str, env: DistEnv) -> torch.device:
         raise LmforgeError(f"train.device: {err}") from None
 
 
-def init(env: DistEnv, device: torch.device) -> bool:
+def init(env: DistEnv, device: torch.device, timeout_s: float = 600.0) -> bool:
     """Join the process group (nccl on CUDA, gloo on CPU) if launched with WORLD_SIZE > 1.
+
+    timeout_s (``train.dist_timeout``): how long a collective waits for a process that does not answer
+    (frozen, not dead) before it fails; a dead process fails the others at once.
 
     Returns True when this call created the group (and so ``shutdown`` should destroy it).
     """
@@ -82,8 +85,16 @@ def init(env: DistEnv, device: torch.device) -> bool:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(minutes=30))
+                            timeout=datetime.timedelta(seconds=timeout_s))
     return True
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether an error raised by a collective means another process died or timed out."""
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    text = str(err).lower()
+    return any(w in text for w in ("connection", "timed out", "timeout", "gloo", "nccl", "peer"))
 
 
 def shutdown(created: bool) -> None:
