@@ -23,15 +23,17 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True) -> tuple[nn.Module, Any]:
+def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
+         verify: bool | None = None) -> tuple[nn.Module, Any]:
     """(model, tokenizer) from a model directory: lmforge's own, a Hugging Face BERT / GPT-2 one, or an adapter.
 
     The model is in eval mode. The tokenizer is ``None`` when the directory holds no tokenizer file
-    (or when ``tokenizer=False``). See ``lmforge.interop.directories``.
+    (or when ``tokenizer=False``). The files are checked against the directory's ``checksums.json``
+    when it has one (``verify=False`` skips that, for huge models). See ``lmforge.interop.directories``.
     """
     from lmforge.interop.directories import load as load_directory
 
-    return load_directory(path, device, tokenizer)
+    return load_directory(path, device, tokenizer, verify)
 
 
 __all__ = ["__version__", "load"]

@@ -63,8 +63,12 @@ def read_record(out: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def claim_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | None = None,
-                 overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
-    """Check that ``out`` may receive a ``kind`` artefact defined by ``identity`` (see the module docstring)."""
+                 overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = (),
+                 flag: str | None = "--overwrite") -> None:
+    """Check that ``out`` may receive a ``kind`` artefact defined by ``identity`` (see the module docstring).
+
+    flag: the option that allows overwriting, named in the refusal (None: the command has none).
+    """
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise LmforgeError(f"{folder}: is a file, not a directory; choose a directory for --out")
@@ -88,7 +92,7 @@ def claim_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | N
             return
         reason = f"already holds {found[0]} (an output of another command or an older lmforge)"
     if not overwrite:
-        raise LmforgeError(f"{folder}: {reason}; choose another --out or pass --overwrite")
+        raise LmforgeError(f"{folder}: {reason}; choose another --out" + (f" or pass {flag}" if flag else ""))
     for name in (record or {}).get("files") or [n for n in ARTEFACT_FILES if (folder / n).is_file()]:
         path = folder / name
         if path.is_file() and path.resolve().parent == folder.resolve():

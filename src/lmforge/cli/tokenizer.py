@@ -36,9 +36,9 @@ def encode(args: argparse.Namespace) -> int:
     from lmforge.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    allowed = "all" if args.allow_special else "none"
+    allow = True if args.allow_special else False if args.special_as_text else None  # None: the origin decides
     for line in input_lines(args.text):
-        enc = tok.encode(line, add_special_tokens=not args.no_special, allowed_special=allowed)
+        enc = tok.encode(line, add_special_tokens=not args.no_special, allow_special=allow)
         record = {"ids": enc.ids, "tokens": enc.tokens}
         if args.offsets:
             record["offsets"] = enc.offsets
@@ -101,8 +101,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                             description="Encode TEXT, or standard input one line at a time.")
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="directory or tokenizer.json / vocab.txt")
     p.add_argument("--no-special", action="store_true", help="do not add [CLS]/[SEP] or other template tokens")
-    p.add_argument("--allow-special", action="store_true",
-                   help="recognise special tokens written in the text (off: they are plain text)")
+    special = p.add_mutually_exclusive_group()
+    special.add_argument("--allow-special", action="store_true",
+                         help="split special tokens written in the text out as tokens")
+    special.add_argument("--special-as-text", action="store_true",
+                         help="read special tokens written in the text as plain text (safe for untrusted input). "
+                         "Default: as the tokenizer's origin does (Hugging Face tokenizer.json / vocab.txt: split "
+                         "out; trained by lmforge: plain text)")
     p.add_argument("--offsets", action="store_true", help="also print character offsets")
     p.add_argument("text", nargs="?", metavar="TEXT")
     add_common(p)

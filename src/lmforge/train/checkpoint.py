@@ -50,9 +50,11 @@ from safetensors.torch import load_file, save_file
 from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 from lmforge.manifest import verify_manifest, write_manifest
+from lmforge.models.registry import load_tensors_only
 from lmforge.train.logs import info
 
 STEP_PREFIX = "step-"
+OPTIMIZER_HINT = "lmforge writes optimizer states as plain tensors: this file was replaced; delete the checkpoint"
 
 
 def step_name(step: int) -> str:
@@ -75,20 +77,7 @@ class Checkpoint:
             raise LmforgeError(f"{path}: unreadable weights ({str(err).splitlines()[0]})") from None
 
     def optimizer(self) -> dict[str, Any]:
-        return load_tensors_only(self.path / "optimizer.pt")
-
-
-def load_tensors_only(path: Path) -> Any:
-    """``torch.load`` of tensors, numbers and containers only; anything else is one line, never run."""
-    import pickle
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise LmforgeError(f"{path}: refused: it holds Python objects other than tensors (a pickle that could "
-                           "run code); only files of tensors and numbers are loaded") from None
-    except (RuntimeError, OSError, EOFError, ValueError) as err:
-        raise LmforgeError(f"{path}: unreadable ({str(err).splitlines()[0][:200]})") from None
+        return load_tensors_only(self.path / "optimizer.pt", OPTIMIZER_HINT)
 
 
 # ---------------------------------------------------------------------------------------------- weights
