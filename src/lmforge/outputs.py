@@ -15,11 +15,14 @@ written. A later command writing there is then:
 
     >>> import tempfile; d = Path(tempfile.mkdtemp()) / "tok"
     >>> claim_output(d, "tokenizer", {"vocab_size": 100}); record_output(d, "tokenizer", {"vocab_size": 100}, [])
+    False
     >>> claim_output(d, "tokenizer", {"vocab_size": 100})          # the same output again: fine
-    >>> claim_output(d, "tokenizer", {"vocab_size": 200})
-    Traceback (most recent call last):
-    ...
-    lmforge.errors.LmforgeError: ...tok: holds another tokenizer (vocab_size: 100, not 200); choose another --out or pass --overwrite
+    False
+    >>> try:
+    ...     claim_output(d, "tokenizer", {"vocab_size": 200})
+    ... except LmforgeError as err:
+    ...     print(str(err).split(": ", 1)[1])
+    holds another tokenizer (vocab_size: 100, not 200); choose another --out or pass --overwrite
 """
 
 from __future__ import annotations
@@ -64,22 +67,23 @@ def read_record(out: str | os.PathLike) -> dict[str, Any] | None:
 
 def claim_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | None = None,
                  overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = (),
-                 flag: str | None = "--overwrite") -> None:
+                 flag: str | None = "--overwrite") -> bool:
     """Check that ``out`` may receive a ``kind`` artefact defined by ``identity`` (see the module docstring).
 
     flag: the option that allows overwriting, named in the refusal (None: the command has none).
+    Returns True when an old artefact was removed (``overwrite``), False when there was nothing to replace.
     """
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise LmforgeError(f"{folder}: is a file, not a directory; choose a directory for --out")
     check_not_inside(folder, inputs)
     if not folder.is_dir():
-        return
+        return False
     record = read_record(folder)
     identity = _plain(identity or {})
     if record is not None:
         if record.get("kind") == kind and record.get("identity") == identity:
-            return
+            return False
         if record.get("kind") != kind:
             reason = f"holds a {record.get('kind')}, not a {kind}"
         else:
@@ -89,7 +93,7 @@ def claim_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | N
     else:
         found = [name for name in ARTEFACT_FILES if (folder / name).exists()]
         if not found:
-            return
+            return False
         reason = f"already holds {found[0]} (an output of another command or an older lmforge)"
     if not overwrite:
         raise LmforgeError(f"{folder}: {reason}; choose another --out" + (f" or pass {flag}" if flag else ""))
@@ -98,6 +102,7 @@ def claim_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | N
         if path.is_file() and path.resolve().parent == folder.resolve():
             path.unlink()
     (folder / RECORD_NAME).unlink(missing_ok=True)
+    return True
 
 
 def record_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | None,

@@ -22,10 +22,18 @@ def add_common(p: argparse.ArgumentParser, device: str | None = None, threads: b
                        help=device_help or f"cpu | cuda | cuda:N | auto (default {device})")
     if device is not None and threads:
         p.add_argument("--threads", type=int, default=0, metavar="N", help="torch CPU threads (default: torch's)")
+    if device is not None:
+        p.add_argument("--no-verify", action="store_true",
+                       help="skip the sha256 check of model and checkpoint files (huge models)")
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    """Set torch's CPU thread count when ``--threads N`` was given (imports torch: call it in a handler)."""
+    """Set torch's CPU thread count when ``--threads N`` was given (imports torch: call it in a handler),
+    and turn checksum verification off for ``--no-verify``."""
+    if getattr(args, "no_verify", False):
+        from lmforge.manifest import set_verify
+
+        set_verify(False)
     if getattr(args, "threads", 0):
         import torch
 

@@ -12,15 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 from lmforge.cli.common import add_common, input_lines
 from lmforge.errors import LmforgeError
 
 
 def train(args: argparse.Namespace) -> int:
+    from lmforge.outputs import claim_output, record_output
     from lmforge.tokenizers import KINDS
     from lmforge.tokenizers.train import read_corpus
 
+    identity = {"kind": args.kind, "vocab_size": args.vocab_size, "min_frequency": args.min_frequency,
+                "pattern": args.pattern if args.kind == "byte-bpe" else None,
+                "files": [str(Path(f).resolve()) for f in args.files]}
+    claim_output(args.out, "tokenizer", identity, args.overwrite)
     texts = read_corpus(args.files, errors=args.errors)
     cls = KINDS[args.kind]
     options = {"workers": args.workers, "progress": not args.quiet}
@@ -28,6 +34,7 @@ def train(args: argparse.Namespace) -> int:
         options["pattern"] = args.pattern
     tok = cls.train(texts, args.vocab_size, args.min_frequency, **options)
     path = tok.save(args.out)
+    record_output(args.out, "tokenizer", identity, ["tokenizer.json", "tokenizer.vocab"])
     print(json.dumps({"kind": tok.kind, "vocab_size": tok.vocab_size, "path": str(path)}))
     return 0
 
@@ -93,6 +100,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="invalid UTF-8: stop with an error (default) or replace by U+FFFD")
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
                    help="processes counting words (default: up to 4)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a different tokenizer (or other output) already in --out")
     add_common(p)
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(handler=train)

@@ -19,8 +19,8 @@ through ``word_ids``: a word's prediction is its first piece's.
 from __future__ import annotations
 
 import csv
-import re
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -296,7 +296,8 @@ def _normal(v: Any) -> Any:
 FIXED_SECTIONS = ("model", "tokenizer", "data", "finetune")
 MAY_CHANGE = frozenset({"data.workers", "data.eval_batches", "data.eval_batch_size", "finetune.epochs",
                         "finetune.max_steps", "finetune.save_every", "finetune.eval", "finetune.eval_batch_size",
-                        "finetune.device", "finetune.keep_checkpoints"})
+                        "finetune.device", "finetune.keep_checkpoints", "finetune.overwrite", "finetune.lr",
+                        "finetune.warmup", "finetune.weight_decay"})
 
 
 def resume_changes(saved_path: str | Path, recipe: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:

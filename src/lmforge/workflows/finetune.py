@@ -38,7 +38,9 @@ from lmforge.data import tasks
 from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 from lmforge.interop.directories import build_task_model, load_finetuned, save_finetuned
+from lmforge.lock import RunLock
 from lmforge.models.strategies import StrategySpec, apply_strategy
+from lmforge.outputs import RECORD_NAME, claim_output, record_output
 from lmforge.workflows.classify import encode, evaluate_model, predict_lines
 from lmforge.workflows.finetune_args import CNN_LR, DEFAULT_LR, REPORT_FILE, FinetuneArgs
 
@@ -159,16 +161,33 @@ def train_config(args: FinetuneArgs, steps: int):
     lr = args.lr or (CNN_LR if args.arch == "cnn" else DEFAULT_LR[args.strategy])
     return TrainConfig(lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
                        warmup_steps=int(args.warmup * steps), max_steps=steps, schedule="linear",
-                       batch_size=args.batch_size, save_every=0, keep_last=1, log_every=max(1, steps // 20),
+                       batch_size=args.batch_size, save_every=args.save_every, keep_last=1,
+                       log_every=max(1, steps // 20),
                        progress=args.progress, tensorboard=False, seed=args.seed, device=args.device)
 
 
 def finetune(args: FinetuneArgs) -> dict[str, Any]:
-    """Train, evaluate and save one run into ``args.out``; returns the report also written to finetune.json."""
-    from lmforge.train.trainer import Trainer
+    """Train, evaluate and save one run into ``args.out``; returns the report also written to finetune.json.
 
+    One run at a time holds ``out``; it checkpoints into ``out/run`` every ``save_every`` steps and on
+    SIGINT / SIGTERM, and the same call again resumes from there. ``out`` may not be (or be inside) the
+    starting model's directory, and replaces another output (another strategy) only with ``overwrite``.
+    """
     args.check()
     out = Path(args.out)
+    identity = {"task": args.task, "strategy": args.strategy, "mix": args.mix, "merge": args.merge, "arch": args.arch}
+    if claim_output(out, "finetune", identity, args.overwrite, inputs=[args.model]):
+        shutil.rmtree(out / "run", ignore_errors=True)  # the replaced output's checkpoints go with it
+    with RunLock(out):
+        report = _finetune(args, out)
+        record_output(out, "finetune", identity, [p.name for p in out.iterdir() if p.is_file()
+                                                  and p.name not in (RECORD_NAME, ".lock")])
+    return report
+
+
+def _finetune(args: FinetuneArgs, out: Path) -> dict[str, Any]:
+    from lmforge.train.trainer import Trainer
+
     train_ex, eval_ex, names = read_examples(args)
     model, tok = prepare_model(args, len(names))
     max_len = min(args.max_len, model.config.max_positions)

@@ -56,6 +56,8 @@ class FinetuneArgs:
     device: str = "auto"
     progress: bool = True
     keep_checkpoints: bool = False
+    save_every: int = 100  # checkpoint every N steps (and on SIGINT / SIGTERM); rerunning resumes from it
+    overwrite: bool = False  # replace another fine-tuning output (another strategy) found in out
 
     def check(self) -> None:
         from lmforge.data.tasks import TASKS
@@ -73,8 +75,10 @@ class FinetuneArgs:
             raise LmforgeError(f"--arch: {self.arch!r} is not one of {', '.join(ARCHS)}")
         if self.arch == "cnn" and (self.task, self.strategy, self.scratch) != ("seq-cls", "full", False):
             raise LmforgeError("--arch cnn trains a new model: it goes with --task seq-cls --strategy full")
-
-
+        if not 0 <= self.warmup < 1:
+            raise LmforgeError(f"--warmup: invalid value {self.warmup!r}: a share of the steps, in [0, 1)")
+        if self.save_every < 0:
+            raise LmforgeError(f"--save-every: invalid value {self.save_every!r}: must be >= 0 (0: only at the end)")
 
     @classmethod
     def from_recipe(cls, recipe: dict[str, Any], flags: dict[str, Any]) -> FinetuneArgs:
