@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path, write_bytes_atomic
-from lmforge.tokenizers.train import bounded_pieces
+from lmforge.tokenizers.train import PIECE_CHARS, bounded_pieces
 
 MANIFEST = "manifest.json"
 # How to go past invalid UTF-8, for every command that reads text (pretrain reads data.errors from its recipe).
@@ -165,8 +165,25 @@ def encode_lines(tokenizer, lines: Sequence[str], line_breaks: bool = True) -> l
     if not callable(encode):
         def encode(text: str) -> list[int]:
             return tokenizer.encode(text, add_special_tokens=False).ids
-    return [np.concatenate([np.asarray(encode(piece), dtype=np.int64) for piece in bounded_pieces(line + end)])
-            for line in lines]
+    dtype = shard_dtype(tokenizer.vocab_size)
+    out = []
+    for line in lines:
+        if len(line) <= PIECE_CHARS:
+            out.append(np.asarray(encode(line + end), dtype=dtype))
+            continue
+        ids, previous = [], None
+        for piece in bounded_pieces(line):  # the break goes with the last piece, as with the whole line
+            if previous is not None:
+                ids.append(np.asarray(encode(previous), dtype=dtype))
+            previous = piece
+        ids.append(np.asarray(encode(previous + end), dtype=dtype))
+        out.append(np.concatenate(ids))
+    return out
+
+
+def shard_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds every id: 2 bytes a token up to 65,536 tokens."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
@@ -187,10 +204,14 @@ class Split:
     doc_lines: list[int]
 
     def write(self, out: Path, name: str, dtype: np.dtype) -> dict[str, int]:
-        tokens = np.concatenate(self.tokens).astype(dtype) if self.tokens else np.zeros(0, dtype)
+        if len(self.tokens) == 1:  # one long document: no copy
+            tokens = self.tokens[0].astype(dtype, copy=False)
+        else:
+            tokens = np.concatenate(self.tokens).astype(dtype, copy=False) if self.tokens else np.zeros(0, dtype)
         lines = np.concatenate([[0], np.cumsum(self.line_lengths, dtype=np.int64)]).astype(np.int64)
         docs = np.concatenate([[0], np.cumsum(self.doc_lines, dtype=np.int64)]).astype(np.int64)
-        write_bytes_atomic(out / f"{name}.tokens", tokens.tobytes())
+        with atomic_path(out / f"{name}.tokens") as tmp:
+            tokens.tofile(tmp)  # no in-memory copy of a large shard
         _atomic_save_npy(out / f"{name}.lines.npy", lines)
         _atomic_save_npy(out / f"{name}.docs.npy", docs)
         return {"tokens": int(tokens.size), "lines": len(self.line_lengths), "documents": len(self.doc_lines)}
@@ -251,7 +272,7 @@ def prepare_corpus(
     splits = split_documents(docs, encoded, is_val, eos)
 
     vocab_size = int(tokenizer.vocab_size)
-    dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+    dtype = shard_dtype(vocab_size)
     manifest = {
         "format": "lmforge-shards/1",
         "tokenizer_hash": tokenizer_fingerprint(tokenizer),
@@ -290,9 +311,9 @@ def split_documents(docs: list[list[str]], encoded: list[list[int]], is_val: np.
         split = splits["valid" if is_val[d] else "train"]
         lines = encoded[position: position + len(doc)]
         if eos is not None:
-            lines[-1] = np.append(lines[-1], eos)
+            lines[-1] = np.append(lines[-1], np.asarray(eos, dtype=lines[-1].dtype))
         for ids in lines:
-            split.tokens.append(np.asarray(ids, dtype=np.int64))
+            split.tokens.append(np.asarray(ids))
             split.line_lengths.append(len(ids))
         split.doc_lines.append(len(doc))
         position += len(doc)
