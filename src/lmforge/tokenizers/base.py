@@ -12,13 +12,10 @@ BPE and WordPiece, so the subclasses implement just that (``_word_pieces``) and 
     >>> tok.encode("Hello world").ids                         # doctest: +SKIP
     [101, 7592, 2088, 102]
 
-**Special tokens written inside text** ("[CLS] literal", "<|endoftext|> as text") follow the tokenizer's
-origin, never chance. A tokenizer loaded from a Hugging Face ``tokenizer.json`` or a BERT ``vocab.txt``
-splits them out as ``tokenizers`` / ``BertTokenizerFast`` do (``specials_in_text = True``): the same ids
-as the model's own tokenizer. A tokenizer trained by lmforge reads them as plain text by default, as
-tiktoken does. ``encode(..., allow_special=False)`` (``--special-as-text``) reads them as plain text
-whatever the origin: the safe choice for untrusted input, which could otherwise forge a [SEP] or an
-end-of-text; ``allow_special=True`` splits them out.
+**Special tokens written in text** ("[CLS] literal") follow the tokenizer's origin: loaded from a Hugging
+Face ``tokenizer.json`` or a BERT ``vocab.txt``, they are split out as ``tokenizers`` / ``BertTokenizerFast``
+do (``specials_in_text``); trained by lmforge, they are plain text, as in tiktoken. ``allow_special=False``
+(``--special-as-text``, for untrusted input) makes them plain text, ``allow_special=True`` splits them out.
 """
 
 from __future__ import annotations

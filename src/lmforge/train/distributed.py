@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -89,12 +90,16 @@ def init(env: DistEnv, device: torch.device, timeout_s: float = 600.0) -> bool:
     return True
 
 
-def is_peer_failure(err: BaseException) -> bool:
-    """Whether an error raised by a collective means another process died or timed out."""
-    if isinstance(err, getattr(dist, "DistError", ())):
-        return True
+def raise_peer_failure(err: BaseException, env: DistEnv, timeout_s: float,
+                       last_checkpoint: Callable[[], str]) -> None:
+    """Turn a collective's error that means another process died or timed out into one clear line."""
     text = str(err).lower()
-    return any(w in text for w in ("connection", "timed out", "timeout", "gloo", "nccl", "peer"))
+    if not env.enabled or not (isinstance(err, getattr(dist, "DistError", ())) or any(
+            w in text for w in ("connection", "timed out", "timeout", "gloo", "nccl", "peer"))):
+        return
+    raise LmforgeError(f"process {env.rank}: another process of the run failed or did not answer within "
+                       f"train.dist_timeout={timeout_s:g} s ({str(err).splitlines()[0][:160]}); the last "
+                       f"checkpoint is {last_checkpoint()}") from None
 
 
 def shutdown(created: bool) -> None:

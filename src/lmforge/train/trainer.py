@@ -170,13 +170,9 @@ class Trainer:
         try:
             with RunLock(self.run_dir) if self.env.is_main else nullcontext():
                 return self._fit()
-        except RuntimeError as err:  # a collective failed: another process died or stopped answering
-            if not self.env.enabled or isinstance(err, LmforgeError) or not D.is_peer_failure(err):
-                raise
-            raise LmforgeError(f"process {self.env.rank}: another process of the run failed or did not answer "
-                               f"within train.dist_timeout={self.config.dist_timeout:g} s "
-                               f"({str(err).splitlines()[0][:160]}); the last checkpoint is {self._latest_name()}"
-                               ) from None
+        except RuntimeError as err:  # a collective failed: another process died or stopped answering?
+            D.raise_peer_failure(err, self.env, self.config.dist_timeout, self._latest_name)
+            raise
         finally:
             D.shutdown(created)
 
