@@ -102,8 +102,7 @@ def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any],
     adapter_config.json and the tokenizer; the base model is read from its own directory at load time.
     """
     from lmforge.files import write_text_atomic
-    from lmforge.models.registry import TOKENIZER_FILES as TOKENIZER_NAMES
-    from lmforge.models.registry import WEIGHTS_NAME, save_pretrained, save_weights
+    from lmforge.models.registry import TOKENIZER_OUTPUTS, WEIGHTS_NAME, save_pretrained, save_weights
     from lmforge.nn.lora import remove_wrappers, trainable_state_dict
 
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +114,7 @@ def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any],
         meta = {"format": "lmforge-adapter", "version": 1, **info, "base_model": str(base.resolve())}
         write_text_atomic(out / ADAPTER_CONFIG, json.dumps(meta, indent=1) + "\n")
         tokenizer.save(out)
-        write_manifest(out, [ADAPTER_FILE, ADAPTER_CONFIG, *(n for n in TOKENIZER_NAMES if (out / n).is_file())])
+        write_manifest(out, [ADAPTER_FILE, ADAPTER_CONFIG, *(n for n in TOKENIZER_OUTPUTS if (out / n).is_file())])
         return (out / ADAPTER_FILE).stat().st_size
     save_pretrained(model, out, tokenizer, extra={"task": info["task"], "labels": list(info["labels"])})
     return (out / WEIGHTS_NAME).stat().st_size

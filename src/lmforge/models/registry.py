@@ -64,7 +64,7 @@ DEFAULT_ARCHITECTURE = {  # config kind -> the base model built when no architec
     "dual-encoder": "DualEncoder",
 }
 WEIGHTS_NAME = "model.safetensors"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.vocab", "vocab.txt")  # what tokenizer.save writes or BERT has
+TOKENIZER_OUTPUTS = ("tokenizer.json", "tokenizer.vocab", "vocab.txt")  # files of a tokenizer in a model directory
 
 
 def build_model(config: Config, architecture: str | None = None, num_labels: int | None = None) -> nn.Module:
@@ -115,7 +115,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, tokenizer: A
     model.config.save(out, {**info, **(extra or {})})
     if tokenizer is not None:
         tokenizer.save(out)
-    write_manifest(out, [n for n in (WEIGHTS_NAME, "config.json", *TOKENIZER_FILES) if (out / n).is_file()])
+    write_manifest(out, [n for n in (WEIGHTS_NAME, "config.json", *TOKENIZER_OUTPUTS) if (out / n).is_file()])
     return out
 
 
