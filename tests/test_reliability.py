@@ -388,6 +388,15 @@ def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tmp_path):
                                   "step-000002 (it needs about ")
         assert latest_checkpoint(disk / "run", verify=True).step == 1
         assert not list(checkpoints_dir(disk / "run").glob(".tmp-*"))
+        # corpus preparation on the full disk: one line too, and no half-written shard left behind
+        from lmforge.data.corpus import prepare_corpus
+        from lmforge.tokenizers import ByteLevelBPETokenizer
+
+        text = write_corpus(tmp_path / "big.txt", lines=3000)
+        tok = ByteLevelBPETokenizer.train(["the king and queen"], vocab_size=260, min_frequency=1)
+        with pytest.raises(LmforgeError, match=r"corpus: no space left on the device while writing the corpus"):
+            prepare_corpus([text], tok, disk / "corpus", workers=1, progress=False)
+        assert not [p.name for p in (disk / "corpus").iterdir() if "tmp" in p.name]
     finally:
         subprocess.run(["umount", str(disk)])
 
@@ -527,9 +536,9 @@ def test_special_tokens_in_text_follow_the_reference_libraries(tmp_path, corpus)
     assert trained.special_tokens["[SEP]"] not in trained.encode(text, add_special_tokens=False).ids
 
 
-# -- 9. a killed process of a 2-process run ---------------------------------------------------------------------
-@pytest.mark.slow
-def test_a_killed_rank_ends_the_other_with_a_clear_error_within_the_timeout(tmp_path):
+# -- 9. two processes: a signal to one stops both at the same step; a killed one ends the other ------------------
+def start_two_processes(out: Path, rank_env: dict[int, dict[str, str]], *args: str) -> list[subprocess.Popen]:
+    """tests/train_toy.py as rank 0 and rank 1 of one gloo group (no torchrun: a dead rank is not cleaned up)."""
     import socket
 
     with socket.socket() as s:
@@ -538,17 +547,39 @@ def test_a_killed_rank_ends_the_other_with_a_clear_error_within_the_timeout(tmp_
     procs = []
     for rank in (0, 1):
         env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                        WORLD_SIZE="2", **({"LMFORGE_TEST_KILL_AT_STEP": "3"} if rank == 1 else {}))
-        procs.append(subprocess.Popen([sys.executable, str(TOY), "--out", str(tmp_path / "run"), "--steps", "50",
-                                       "--save-every", "2", "--dist-timeout", "20"], env=env,
+                        WORLD_SIZE="2", **rank_env.get(rank, {}))
+        procs.append(subprocess.Popen([sys.executable, str(TOY), "--out", str(out), *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    start = time.perf_counter()
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 90) -> list[str]:
     try:
-        _, err = procs[0].communicate(timeout=90)
+        return [p.communicate(timeout=timeout)[1] for p in procs]
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_process_stops_every_process_after_the_same_step(tmp_path):
+    step = random.randint(2, 6)
+    procs = start_two_processes(tmp_path / "run", {0: {"LMFORGE_TEST_SIGNAL_AT_STEP": f"{step}:TERM"}},
+                                "--steps", "50", "--save-every", "100")
+    errors = finish(procs)
+    assert [p.returncode for p in procs] == [143, 143], errors
+    for rank, err in enumerate(errors):
+        assert f"rank {rank}: stopped by SIGTERM after step {step}; checkpoint " in err
+    assert latest_checkpoint(tmp_path / "run", verify=True).step == step
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_other_with_a_clear_error_within_the_timeout(tmp_path):
+    start = time.perf_counter()
+    procs = start_two_processes(tmp_path / "run", {1: {"LMFORGE_TEST_KILL_AT_STEP": "3"}},
+                                "--steps", "50", "--save-every", "2", "--dist-timeout", "20")
+    err = finish(procs)[0]
     assert procs[1].returncode == -signal.SIGKILL
     assert procs[0].returncode == 2, err[-2000:]
     assert "another process of the run failed or did not answer within train.dist_timeout=20 s" in err

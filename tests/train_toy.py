@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.errors import LmforgeError
+from lmforge.errors import LmforgeError, Stopped
 from lmforge.train import TrainConfig, train
 from lmforge.train import distributed as D
 
@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             except LmforgeError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 2
+            except Stopped as stop:  # SIGINT / SIGTERM: the step is checkpointed
+                print(f"rank {env.rank}: {stop}", file=sys.stderr)
+                return stop.exit_code
             if env.is_main:
                 print(json.dumps({"loss": result.loss, "step": result.step, "resumed_from": result.resumed_from}))
     finally:

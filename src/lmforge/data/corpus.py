@@ -27,6 +27,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -221,10 +222,10 @@ def write_splits(splits: dict[str, Split], out: Path, dtype: np.dtype) -> dict[s
     """Write every split; a full disk is one line naming the directory and the size needed."""
     try:
         return {name: split.write(out, name, dtype) for name, split in splits.items()}
-    except OSError as err:
-        if err.errno != errno.ENOSPC:
-            raise
+    except OSError as err:  # numpy's tofile reports a short write without an errno
         need = sum(sum(t.size for t in split.tokens) for split in splits.values()) * dtype.itemsize
+        if err.errno != errno.ENOSPC and shutil.disk_usage(out).free >= need:
+            raise
         raise LmforgeError(f"{out}: no space left on the device while writing the corpus shards (about "
                            f"{need / 2**20:.1f} MiB needed)") from None
 
