@@ -168,6 +168,9 @@ def test_finetune_stops_on_a_signal_and_resumes_bit_identical(tmp_path, encoder_
     stopped = lmforge_cli(*finetune_args(encoder_dir, labeled, out), LMFORGE_TEST_SIGNAL_AT_STEP=f"{step}:TERM")
     assert stopped.returncode == 143, stopped.stderr
     assert latest_checkpoint(out / "run").step == step
+    checkpoint = out / "run" / "checkpoints" / f"step-{step:06d}"  # a model directory: evaluate it as it is
+    evaluated = lmforge_cli("evaluate", "--model", str(checkpoint), "--data", str(labeled), "--quiet")
+    assert evaluated.returncode == 0 and "accuracy" in json.loads(evaluated.stdout), evaluated.stderr
     resumed = lmforge_cli(*finetune_args(encoder_dir, labeled, out))
     assert resumed.returncode == 0, resumed.stderr
     assert_identical(weights(out), weights(tmp_path / "ref"))

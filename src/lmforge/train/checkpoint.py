@@ -124,8 +124,9 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where
         raise LmforgeError(f"{where}: the checkpoint lacks {len(missing)} tensors of this model, e.g. {missing[0]}")
 
 
-def checkpoint_config(model: torch.nn.Module, tokenizer_dir: str | Path | None = None) -> dict[str, Any] | None:
-    """A checkpoint's config.json: the model's config, architecture and tokenizer directory.
+def checkpoint_config(model: torch.nn.Module, tokenizer_dir: str | Path | None = None,
+                      extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A checkpoint's config.json: the model's config, architecture, tokenizer directory and ``extra``.
 
     None when the model has no lmforge config, or carries LoRA / adapter / mix parameters (their weights
     are not those of the plain architecture: ``lmforge finetune`` writes their own directories).
@@ -136,7 +137,7 @@ def checkpoint_config(model: torch.nn.Module, tokenizer_dir: str | Path | None =
     names = [n for n, _ in model.named_parameters()]
     if not hasattr(config, "to_dict") or any(is_delta_parameter(n) or n.startswith("mix.") for n in names):
         return None
-    card = {**config.to_dict(), "architecture": type(model).__name__}
+    card = {**config.to_dict(), "architecture": type(model).__name__, **(extra or {})}
     if getattr(model, "num_labels", None):
         card["num_labels"] = model.num_labels
     if tokenizer_dir is not None:

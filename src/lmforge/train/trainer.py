@@ -103,8 +103,8 @@ class Trainer:
     recipe: the resolved recipe (``load_recipe``) to save as ``config.yaml``; by default the ``train``
         section and the model's ``config`` dataclass when it has one. On resume its model, tokenizer,
         data and finetune sections must equal the saved ones (``train.config.resume_changes``).
-    tokenizer_dir: where the run's tokenizer is; each checkpoint's config.json points at it, so that a
-        checkpoint is a model directory.
+    tokenizer_dir, model_info: where the run's tokenizer is and more config.json fields (a classifier's
+        labels); each checkpoint's config.json holds them, so that a checkpoint is a model directory.
     """
 
     def __init__(
@@ -116,9 +116,10 @@ class Trainer:
         callbacks: Sequence[Callback] | None = None,
         recipe: dict[str, Any] | None = None,
         tokenizer_dir: str | Path | None = None,
+        model_info: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.source, self.config = model, source, config
-        self.tokenizer_dir = tokenizer_dir
+        self.tokenizer_dir, self.model_info = tokenizer_dir, model_info
         self.run_dir = Path(run_dir)
         self.callbacks = list(callbacks or [])
         self.recipe = recipe if recipe is not None else default_recipe(model, config)
@@ -383,7 +384,7 @@ class Trainer:
             path = save_checkpoint(self.run_dir, self.step, weights,
                                    {"optimizer": optim, "scaler": self.scaler.state_dict()}, state,
                                    keep_last=self.config.keep_last,
-                                   model_config=checkpoint_config(self.model, self.tokenizer_dir))
+                                   model_config=checkpoint_config(self.model, self.tokenizer_dir, self.model_info))
             if self._recipe_pending:  # the changed settings now have a checkpoint: the record follows
                 save_recipe(self.recipe, self.run_dir / "config.yaml")
                 self._recipe_pending = False

@@ -199,7 +199,8 @@ def _finetune(args: FinetuneArgs, out: Path) -> dict[str, Any]:
               "finetune": {k: v for k, v in asdict(args).items() if k not in ("progress", "out")},
               "train": config.to_dict()}
     counts, clock = parameter_counts(model), LastStepClock()
-    trainer = Trainer(model, source, config, out / "run", callbacks=[clock], recipe=recipe)
+    trainer = Trainer(model, source, config, out / "run", callbacks=[clock], recipe=recipe, tokenizer_dir=args.model,
+                      model_info={"task": args.task, "labels": list(names)})  # checkpoints: evaluate --model
     rss_before = current_rss()
     start, start_cpu = time.perf_counter(), time.process_time()
     result = trainer.fit()
