@@ -5,7 +5,7 @@ The house (docs/architecture.md): the **engine** packages follow the flow of the
 ``generation``, with ``interop`` (model directories in and out) and ``viz`` (pictures) beside them;
 the **workflows** (``lmforge.workflows``: pretrain, finetune, translate, embed, inspect, demo) compose
 the engine into jobs; **cli** (``lmforge.cli``) is the ``lmforge`` command, a thin shell over both.
-``errors`` and ``files`` are the two small modules every package may use.
+``errors``, ``files``, ``manifest``, ``lock`` and ``outputs`` are the small base modules every package may use.
 
 ``lmforge.load(path)`` returns ``(model, tokenizer)`` for an lmforge model directory, a Hugging Face
 BERT / GPT-2 directory, or a fine-tuned adapter output. Heavy imports (torch) happen inside it, so

@@ -314,8 +314,7 @@ def resume_changes(saved_path: str | Path, recipe: dict[str, Any], ignore: tuple
         saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as err:
         raise LmforgeError(f"{path}: unreadable run record ({str(err).splitlines()[0]})") from None
-    changed = [k for k in diff_recipes(saved, recipe) if not k.startswith(ignore)] if ignore else diff_recipes(
-        saved, recipe)
+    changed = [k for k in diff_recipes(saved, recipe) if not k.startswith(ignore)]
     fatal = [k for k in changed if k.split(".")[0] in FIXED_SECTIONS and k not in MAY_CHANGE]
     if fatal:
         key = fatal[0]
