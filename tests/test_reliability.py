@@ -353,6 +353,9 @@ def test_outputs_never_overwrite_inputs_or_another_artefact(tmp_path, corpus, en
     assert main([*convert, str(tmp_path / "hf")]) == 0
     refused("convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "hf"),
             match="the output directory is the input directory")
+    refused("convert", "--from-hf", str(tmp_path / "hf"), "--out", str(encoder_dir), match="already holds config.json")
+    refused("convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "tok"),
+            match="holds a tokenizer, not a model")
 
     ft = finetune_args(encoder_dir, labeled, tmp_path / "ft", "lora")
     refused(*finetune_args(encoder_dir, labeled, encoder_dir), match="the output directory is the input directory")
