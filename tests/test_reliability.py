@@ -576,7 +576,7 @@ def test_a_signal_to_one_process_stops_every_process_after_the_same_step(tmp_pat
     errors = finish(procs)
     assert [p.returncode for p in procs] == [143, 143], errors
     for rank, err in enumerate(errors):
-        assert f"rank {rank}: stopped by SIGTERM after step {step}; checkpoint " in err
+        assert f"rank {rank}: stopped by SIGTERM after step {step}; checkpoint {tmp_path / 'run'}" in err
     assert latest_checkpoint(tmp_path / "run", verify=True).step == step
 
 

@@ -68,9 +68,9 @@ class GracefulStop:
         """The signal to stop for (0: go on), the same on every process of the run."""
         if not self.env.enabled:
             return self.signum
-        flags = torch.tensor([float(self.signum), float(self.signum > 0)], dtype=torch.float64, device=self.device)
-        total = D.all_reduce_sum(flags, self.env).tolist()
-        return self.signum or (int(signal.SIGTERM) if total[1] > 0 else 0)
+        flags = torch.tensor([float(self.signum == sig) for sig in SIGNALS], device=self.device)
+        interrupts, terminates = D.all_reduce_sum(flags, self.env).tolist()  # how many processes got each
+        return self.signum or (int(signal.SIGTERM) if terminates else int(signal.SIGINT) if interrupts else 0)
 
     @staticmethod
     def stopped(signum: int, step: int, checkpoint: Any) -> Stopped:

@@ -44,11 +44,13 @@ from lmforge.train.checkpoint import (
     alias_names,
     capture_rng,
     checkpoint_config,
+    checkpoints_dir,
     hardware,
     latest_checkpoint,
     load_weights,
     restore_rng,
     save_checkpoint,
+    step_name,
     warn_other_hardware,
 )
 from lmforge.train.config import TrainConfig, default_recipe, resume_changes, save_recipe
@@ -251,8 +253,9 @@ class Trainer:
                     os.kill(os.getpid(), signal.SIGKILL)
                 send_test_signal(step)
                 if not last and (signum := stop.requested()):
-                    last_ckpt = last_ckpt if saved else self.save()
-                    raise stop.stopped(signum, step, last_ckpt)
+                    if not saved:
+                        self.save()
+                    raise stop.stopped(signum, step, checkpoints_dir(self.run_dir) / step_name(step))
             if env.is_main and cfg.plot:
                 log.plot(self.run_dir / "loss.png")
         finally:
