@@ -15,8 +15,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "lmforge"
 ENGINE = ("reference", "tokenizers", "nn", "models", "data", "train", "generation", "interop", "viz")
-BASE = ("errors", "files")  # small modules every package may use
-ROOT_FILES = {"__init__.py", "errors.py", "files.py", "py.typed"}
+BASE = ("errors", "files", "manifest", "lock", "outputs")  # small modules every package may use
+ROOT_FILES = {"__init__.py", "py.typed", *(f"{name}.py" for name in BASE)}
 
 
 def module_name(path: Path) -> str:

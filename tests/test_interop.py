@@ -266,8 +266,10 @@ def test_missing_weights_and_bad_directories(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LmforgeError, match=r"no config.json"):
         lmforge.load(tmp_path / "empty")
-    assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path.with_name(tmp_path.name + "-o"))]) == 2
     assert "no model.safetensors" in capsys.readouterr().err
+    assert main(["convert", "--from-hf", str(tmp_path), "--out", str(tmp_path / "o")]) == 2  # inside its input
+    assert "inside the input directory" in capsys.readouterr().err
 
 
 def test_missing_tensor_is_named(tmp_path):
@@ -278,8 +280,10 @@ def test_missing_tensor_is_named(tmp_path):
     state = load_file(tmp_path / "model.safetensors")
     del state["layers.1.norm2.bias"]
     save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(LmforgeError, match=r"model.safetensors: .*(checksums.json|truncated or changed)"):
+        lmforge.load(tmp_path)  # the edited file no longer matches its checksum
     with pytest.raises(LmforgeError, match=r"missing tensor.*layers.1.norm2.bias"):
-        lmforge.load(tmp_path)
+        lmforge.load(tmp_path, verify=False)
 
 
 def test_own_directory_with_tokenizer_exports_a_tokenizer_transformers_reads(tmp_path):

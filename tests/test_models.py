@@ -259,7 +259,7 @@ def test_too_long_inputs_raise_a_clear_error():
 def test_save_and_load_pretrained(tmp_path, make):
     model = make().eval()
     save_pretrained(model, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checksums.json", "config.json", "model.safetensors"]
     loaded = load_pretrained(tmp_path)
     assert type(loaded) is type(model) and loaded.config == model.config
     for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):

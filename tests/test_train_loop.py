@@ -192,7 +192,7 @@ def test_resume_extends_a_finished_run(tmp_path):
 def test_a_run_of_another_model_is_refused(tmp_path):
     recipe = {"model": {"d": 16}, "train": config(max_steps=2).to_dict()}
     train(toy(), ToySource(4), config(max_steps=2), tmp_path / "r", recipe=recipe)
-    with pytest.raises(LmforgeError, match=r"model\.d differs"):
+    with pytest.raises(LmforgeError, match=r"model\.d is 16 in this run but 8 now"):
         train(toy(d=8), ToySource(4), config(max_steps=2), tmp_path / "r", recipe={**recipe, "model": {"d": 8}})
     train(toy(), ToySource(4), config(max_steps=2), tmp_path / "s")  # no recipe: the shapes are checked
     with pytest.raises(LmforgeError, match="shape"):

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmforge.errors import LmforgeError, Stopped
 from lmforge.train import TrainConfig, train
 from lmforge.train import distributed as D
 
@@ -112,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fsdp", action="store_true")
     p.add_argument("--fsdp-out", help="then train again with FSDP into this directory (same processes)")
     p.add_argument("--optimizer", default="adamw", help="adamw | muon (muon trains toy_decoder, not ToyLM)")
+    p.add_argument("--dist-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
     runs = [(args.out, args.fsdp)] + ([(args.fsdp_out, True)] if args.fsdp_out else [])
     env = D.detect()
-    created = D.init(env, torch.device("cpu"))  # one process group for all runs: trainers reuse it
+    created = D.init(env, torch.device("cpu"), args.dist_timeout)  # one process group for all runs
     try:
         for out, fsdp in runs:
             torch.manual_seed(0)
@@ -123,8 +125,16 @@ def main(argv: list[str] | None = None) -> int:
             config = TrainConfig(lr=1e-2, warmup_steps=2, max_steps=args.steps, batch_size=args.batch_size,
                                  grad_accum=args.grad_accum, save_every=args.save_every,
                                  eval_every=args.eval_every, log_every=1, keep_last=2, progress=False,
-                                 plot=False, fsdp=fsdp, optimizer=args.optimizer)
-            result = train(model, ToySource(args.batch_size), config, out)
+                                 plot=False, fsdp=fsdp, dist_timeout=args.dist_timeout,
+                                 optimizer=args.optimizer)
+            try:
+                result = train(model, ToySource(args.batch_size), config, out)
+            except LmforgeError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+            except Stopped as stop:  # SIGINT / SIGTERM: the step is checkpointed
+                print(f"rank {env.rank}: {stop}", file=sys.stderr)
+                return stop.exit_code
             if env.is_main:
                 print(json.dumps({"loss": result.loss, "step": result.step, "resumed_from": result.resumed_from}))
     finally:

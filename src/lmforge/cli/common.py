@@ -81,6 +81,9 @@ def add_common(p: argparse.ArgumentParser, device: str | None = None, threads: b
     if device is not None and threads:
         p.add_argument("--threads", type=positive_int, default=0, metavar="N",
                        help="torch CPU threads (default: torch's)")
+    if device is not None:
+        p.add_argument("--no-verify", action="store_true",
+                       help="skip the sha256 check of model and checkpoint files (huge models)")
 
 
 def training_shortcuts(args: argparse.Namespace) -> list[str]:
@@ -107,7 +110,12 @@ def add_input_errors(p: argparse.ArgumentParser) -> None:
 
 
 def apply_runtime(args: argparse.Namespace) -> None:
-    """Set torch's CPU threads (``--threads N``) and check ``--device`` before any work (imports torch)."""
+    """Set torch's CPU threads (``--threads N``), check ``--device`` before any work (imports torch), and turn
+    checksum verification off for ``--no-verify``."""
+    if getattr(args, "no_verify", False):
+        from lmforge.manifest import set_verify
+
+        set_verify(False)
     if getattr(args, "threads", 0):
         import torch
 

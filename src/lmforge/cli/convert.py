@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from lmforge.cli.common import add_common
+from lmforge.cli.common import add_common, apply_threads
 
 
 def run_convert(args: argparse.Namespace) -> int:
     from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, load_hf
     from lmforge.models.registry import count_parameters, load_pretrained
+    from lmforge.outputs import RECORD_NAME, claim_output, record_output
 
+    apply_threads(args)
+    source = Path(args.from_hf or args.to_hf)
+    identity = {"source": str(source.resolve()), "to": "lmforge" if args.from_hf else "hf"}
+    claim_output(args.out, "model", identity, args.overwrite, inputs=[source])
     if args.from_hf:
         source, out = args.from_hf, convert_from_hf(args.from_hf, args.out)
         model = load_pretrained(out)  # the written directory reads back
@@ -36,6 +42,8 @@ def run_convert(args: argparse.Namespace) -> int:
     else:
         source, out = args.to_hf, convert_to_hf(args.to_hf, args.out)
         model = load_hf(out)
+    record_output(out, "model", identity, [p.name for p in Path(out).iterdir()
+                                          if p.is_file() and p.name not in (RECORD_NAME, ".lock")])
     print(json.dumps({"source": str(source), "output": str(out), "architecture": type(model).__name__,
                       "parameters": count_parameters(model, by_component=False)}))
     return 0
@@ -51,5 +59,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                      "(adapter_config.json, adapter_model.safetensors) + the base as a transformers directory")
     src.add_argument("--merge", metavar="DIR", help="a LoRA output -> one plain model directory (LoRA folded in)")
     p.add_argument("--out", metavar="DIR", required=True, help="output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a different model (or other output) in --out")
     add_common(p)
     p.set_defaults(handler=run_convert)

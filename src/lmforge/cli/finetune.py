@@ -107,7 +107,9 @@ def add_commands(sub) -> None:
                        description="Fine-tune an lmforge or Hugging Face BERT directory. Prints one JSON summary; "
                                    "writes the model, finetune.json and confusion.png into --out. Settings come "
                                    "from --config RECIPE.yaml (its finetune: section holds any field of "
-                                   "FinetuneArgs), then KEY=VALUE overrides (finetune.lr=3e-4), then the flags.")
+                                   "FinetuneArgs), then KEY=VALUE overrides (finetune.lr=3e-4), then the flags. "
+                                   "The run checkpoints into OUT/run every --save-every steps and on Ctrl-C or "
+                                   "SIGTERM; the same command again resumes it from there.")
     p.add_argument("--config", metavar="YAML", help="a recipe whose finetune: section holds the settings")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. finetune.warmup=0.06")
     p.add_argument("--model", help="starting model directory (lmforge encoder or biLM, or HF BERT)")
@@ -160,6 +162,9 @@ def add_commands(sub) -> None:
     p.set_defaults(device=None, mix=None, merge=None, label_all=None, scratch=None)
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     p.add_argument("--keep-checkpoints", action="store_true", default=None)
+    p.add_argument("--save-every", type=int, help="checkpoint every N steps (default 100; 0: only at the end)")
+    p.add_argument("--overwrite", action="store_true", default=None,
+                   help="replace another fine-tuning output (another strategy) already in --out")
     p.set_defaults(handler=run_finetune)
 
     e = sub.add_parser("evaluate", help="metrics of a classifier on a labeled file, or a language model's "

@@ -16,7 +16,7 @@ import sys
 
 from lmforge import __version__
 from lmforge.cli.common import Parser
-from lmforge.errors import LmforgeError
+from lmforge.errors import LmforgeError, Stopped
 
 # Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
 COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate", "translate", "finetune",
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except LmforgeError as err:
         print(f"lmforge: error: {err}", file=sys.stderr)
         return 2
+    except Stopped as stop:  # SIGINT / SIGTERM during training: the checkpoint is saved, the line says where
+        print(f"lmforge: {stop}", file=sys.stderr)
+        return stop.exit_code
     except OSError as err:  # the file system said no (permissions, a directory for a file, ...)
         if err.filename is None:
             raise

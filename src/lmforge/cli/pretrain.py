@@ -35,7 +35,9 @@ def run_pretrain(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pretrain", help="pretrain a model from a YAML recipe (clm | mlm | mlm+nsp | seq2seq | bilm)",
-                       description="Pretrain from a recipe. Pointing --out at an existing run resumes it.")
+                       description="Pretrain from a recipe. Pointing --out at an existing run resumes it (its "
+                                   "data, tokenizer and model sections must be the run's). Ctrl-C or SIGTERM "
+                                   "checkpoints the current step before stopping; one run at a time holds --out.")
     p.add_argument("--config", required=True, help="recipe YAML (see configs/)")
     p.add_argument("--out", help="run directory (default: runs/<recipe name>)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. train.max_steps=100")

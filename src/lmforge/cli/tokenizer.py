@@ -13,15 +13,21 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from lmforge.cli.common import add_common, add_input_errors, input_lines, positive_int
 from lmforge.errors import LmforgeError
 
 
 def train(args: argparse.Namespace) -> int:
+    from lmforge.outputs import claim_output, record_output
     from lmforge.tokenizers import KINDS
     from lmforge.tokenizers.train import read_corpus
 
+    identity = {"kind": args.kind, "vocab_size": args.vocab_size, "min_frequency": args.min_frequency,
+                "pattern": args.pattern if args.kind == "byte-bpe" else None,
+                "files": [str(Path(f).resolve()) for f in args.files]}
+    claim_output(args.out, "tokenizer", identity, args.overwrite)
     texts = read_corpus(args.files, errors=args.errors)
     cls = KINDS[args.kind]
     options = {"workers": args.workers, "progress": not args.quiet}
@@ -29,6 +35,7 @@ def train(args: argparse.Namespace) -> int:
         options["pattern"] = args.pattern
     tok = cls.train(texts, args.vocab_size, args.min_frequency, **options)
     path = tok.save(args.out)
+    record_output(args.out, "tokenizer", identity, ["tokenizer.json", "tokenizer.vocab"])
     if tok.vocab_size < args.vocab_size:
         print(f"lmforge tokenizer train: stopped at {tok.vocab_size} tokens, short of --vocab-size "
               f"{args.vocab_size}: no pair of symbols occurs --min-frequency {args.min_frequency} times any more "
@@ -42,9 +49,9 @@ def encode(args: argparse.Namespace) -> int:
     from lmforge.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    allowed = "all" if args.allow_special else "none"
+    allow = True if args.allow_special else False if args.special_as_text else None  # None: the origin decides
     for line in input_lines(args.text, errors=args.errors):
-        enc = tok.encode(line, add_special_tokens=not args.no_special, allowed_special=allowed)
+        enc = tok.encode(line, add_special_tokens=not args.no_special, allow_special=allow)
         record = {"ids": enc.ids, "tokens": enc.tokens}
         if args.offsets:
             record["offsets"] = enc.offsets
@@ -99,6 +106,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="invalid UTF-8: stop with an error (default) or replace by U+FFFD")
     p.add_argument("--workers", type=positive_int, default=min(4, os.cpu_count() or 1),
                    help="processes counting words (default: up to 4)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a different tokenizer (or other output) already in --out")
     add_common(p)
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(handler=train)
@@ -107,8 +116,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                             description="Encode TEXT, or standard input one line at a time.")
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="directory or tokenizer.json / vocab.txt")
     p.add_argument("--no-special", action="store_true", help="do not add [CLS]/[SEP] or other template tokens")
-    p.add_argument("--allow-special", action="store_true",
-                   help="recognise special tokens written in the text (off: they are plain text)")
+    special = p.add_mutually_exclusive_group()
+    special.add_argument("--allow-special", action="store_true",
+                         help="split special tokens written in the text out as tokens")
+    special.add_argument("--special-as-text", action="store_true",
+                         help="read special tokens written in the text as plain text (safe for untrusted input). "
+                         "Default: as the tokenizer's origin does (Hugging Face tokenizer.json / vocab.txt: split "
+                         "out; trained by lmforge: plain text)")
     p.add_argument("--offsets", action="store_true", help="also print character offsets")
     p.add_argument("text", nargs="?", metavar="TEXT")
     add_input_errors(p)

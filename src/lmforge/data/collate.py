@@ -44,8 +44,14 @@ class _Source:
                              for j in self.rows(rank, world_size)])
 
     def eval_batches(self) -> Iterator[dict[str, torch.Tensor]]:
-        """A fixed validation set: the same batches whatever the training batch size or process count."""
-        shard = self.eval_shard if self.eval_shard is not None and self.eval_shard.n_tokens else self.shard
+        """A fixed validation set: the same batches whatever the training batch size or process count.
+
+        No batches without a validation shard (or with an empty one): evaluation never falls back to the
+        training data, which would report a training loss as ``eval_loss``.
+        """
+        shard = self.eval_shard
+        if shard is None or not shard.n_tokens:
+            return
         for i in range(self.n_eval_batches):
             rows = range(self.eval_batch_size)
             yield self.collate([self.example(shard, row_rng(self.seed, -1 - i, 0, j)) for j in rows])

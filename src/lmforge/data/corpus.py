@@ -23,9 +23,11 @@ a JSONL line, a CSV row or a row of a Parquet/Arrow file or saved Hugging Face d
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -37,8 +39,11 @@ from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path, write_bytes_atomic
+from lmforge.tokenizers.train import PIECE_CHARS, bounded_pieces
 
 MANIFEST = "manifest.json"
+# How to go past invalid UTF-8, for every command that reads text (pretrain reads data.errors from its recipe).
+REPLACE_HINT = "fix the file, or replace bad bytes by U+FFFD: --errors replace, or data.errors=replace in a recipe"
 
 
 # -- reading documents --------------------------------------------------------------------------------------
@@ -46,9 +51,12 @@ def read_text(path: Path, errors: str = "strict") -> str:
     """A file's text as UTF-8; invalid bytes name the file and the byte offset (or are replaced)."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8-sig", errors=errors)
+        text = data.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as err:
-        raise LmforgeError(f"{path}: invalid UTF-8 at byte {err.start} (use --errors replace to substitute)") from None
+        raise LmforgeError(f"{path}: invalid UTF-8 at byte offset {err.start} ({REPLACE_HINT})") from None
+    if "\x00" in text:
+        raise LmforgeError(f"{path}: holds a NUL byte at byte offset {data.index(0)}: a binary file, not text")
+    return text
 
 
 def iter_documents(path: Path, doc_separator: str = "file", field: str = "text",
@@ -145,18 +153,38 @@ def _init_worker(tokenizer, line_breaks: bool) -> None:
     _WORKER_TOKENIZER, _WORKER_BREAKS = tokenizer, line_breaks
 
 
-def encode_lines(tokenizer, lines: Sequence[str], line_breaks: bool = True) -> list[list[int]]:
+def encode_lines(tokenizer, lines: Sequence[str], line_breaks: bool = True) -> list[np.ndarray]:
     """Token ids of each line with its line break, without special tokens (batches add those).
 
     The break is a token only for tokenizers that represent whitespace (byte-level BPE: 'Ċ'); WordPiece and
     Sennrich BPE drop it, as they drop every space. ``line_breaks=False`` leaves it out (one sentence a line,
-    as in translation pairs).
+    as in translation pairs). A long line is encoded a bounded piece at a time (``bounded_pieces``) and
+    kept as a compact array: memory stays a few times the text, even for one line of 50 MB.
     """
     end = "\n" if line_breaks else ""
     encode = getattr(tokenizer, "encode_ordinary", None)
-    if callable(encode):
-        return [encode(line + end) for line in lines]
-    return [tokenizer.encode(line + end, add_special_tokens=False).ids for line in lines]
+    if not callable(encode):
+        def encode(text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False).ids
+    dtype = shard_dtype(tokenizer.vocab_size)
+    out = []
+    for line in lines:
+        if len(line) <= PIECE_CHARS:
+            out.append(np.asarray(encode(line + end), dtype=dtype))
+            continue
+        ids, previous = [], None
+        for piece in bounded_pieces(line):  # the break goes with the last piece, as with the whole line
+            if previous is not None:
+                ids.append(np.asarray(encode(previous), dtype=dtype))
+            previous = piece
+        ids.append(np.asarray(encode(previous + end), dtype=dtype))
+        out.append(np.concatenate(ids))
+    return out
+
+
+def shard_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds every id: 2 bytes a token up to 65,536 tokens."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
@@ -177,13 +205,29 @@ class Split:
     doc_lines: list[int]
 
     def write(self, out: Path, name: str, dtype: np.dtype) -> dict[str, int]:
-        tokens = np.concatenate(self.tokens).astype(dtype) if self.tokens else np.zeros(0, dtype)
+        if len(self.tokens) == 1:  # one long document: no copy
+            tokens = self.tokens[0].astype(dtype, copy=False)
+        else:
+            tokens = np.concatenate(self.tokens).astype(dtype, copy=False) if self.tokens else np.zeros(0, dtype)
         lines = np.concatenate([[0], np.cumsum(self.line_lengths, dtype=np.int64)]).astype(np.int64)
         docs = np.concatenate([[0], np.cumsum(self.doc_lines, dtype=np.int64)]).astype(np.int64)
-        write_bytes_atomic(out / f"{name}.tokens", tokens.tobytes())
+        with atomic_path(out / f"{name}.tokens") as tmp:
+            tokens.tofile(tmp)  # no in-memory copy of a large shard
         _atomic_save_npy(out / f"{name}.lines.npy", lines)
         _atomic_save_npy(out / f"{name}.docs.npy", docs)
         return {"tokens": int(tokens.size), "lines": len(self.line_lengths), "documents": len(self.doc_lines)}
+
+
+def write_splits(splits: dict[str, Split], out: Path, dtype: np.dtype) -> dict[str, dict[str, int]]:
+    """Write every split; a full disk is one line naming the directory and the size needed."""
+    try:
+        return {name: split.write(out, name, dtype) for name, split in splits.items()}
+    except OSError as err:  # numpy's tofile reports a short write without an errno
+        need = sum(sum(t.size for t in split.tokens) for split in splits.values()) * dtype.itemsize
+        if err.errno != errno.ENOSPC and shutil.disk_usage(out).free >= need:
+            raise
+        raise LmforgeError(f"{out}: no space left on the device while writing the corpus shards (about "
+                           f"{need / 2**20:.1f} MiB needed)") from None
 
 
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
@@ -226,7 +270,7 @@ def prepare_corpus(
     splits = split_documents(docs, encoded, is_val, eos)
 
     vocab_size = int(tokenizer.vocab_size)
-    dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+    dtype = shard_dtype(vocab_size)
     manifest = {
         "format": "lmforge-shards/1",
         "tokenizer_hash": tokenizer_fingerprint(tokenizer),
@@ -234,7 +278,7 @@ def prepare_corpus(
         "dtype": dtype.name,
         "files": [str(p) for p in paths],
         "characters": sum(len(line) for line in all_lines),
-        "splits": {name: split.write(out, name, dtype) for name, split in splits.items()},
+        "splits": write_splits(splits, out, dtype),
     }
     write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=2).encode())
     return manifest
@@ -298,9 +342,9 @@ def split_documents(docs: list[list[str]], encoded: list[list[int]], is_val: np.
         split = splits["valid" if is_val[d] else "train"]
         lines = encoded[position: position + len(doc)]
         if eos is not None:
-            lines[-1] = [*lines[-1], eos]
+            lines[-1] = np.append(lines[-1], np.asarray(eos, dtype=lines[-1].dtype))
         for ids in lines:
-            split.tokens.append(np.asarray(ids, dtype=np.int64))
+            split.tokens.append(np.asarray(ids))
             split.line_lengths.append(len(ids))
         split.doc_lines.append(len(doc))
         position += len(doc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,10 @@ def read_classification(path: str | Path, need_label: bool = True, label_field: 
         header = [c.strip().lower() for c in rows[0]]
         if "text" in header or label_field in header:
             columns, body, first = header, rows[1:], 2
+        elif looks_like_header(rows):
+            raise LmforgeError(f"{path}: the header names neither 'text' nor '{label_field}' (columns: "
+                               f"{', '.join(c.strip() for c in rows[0])}); rename the columns, or remove the header "
+                               f"line for the layout {label_field}, text")
         else:
             columns = ["label", "text", "text_pair"][: len(rows[0])] if len(rows[0]) > 1 else ["text"]
             columns = [label_field if c == "label" else c for c in columns]
@@ -105,6 +110,16 @@ def read_classification(path: str | Path, need_label: bool = True, label_field: 
     if not out:
         raise LmforgeError(f"{path}: no examples")
     return out
+
+
+def looks_like_header(rows: list[list[str]]) -> bool:
+    """A first row of column names: every cell a name (``id``, ``sentence_1``), its first cell not a label.
+
+    >>> looks_like_header([["a", "b"], ["1", "some text"]]), looks_like_header([["1", "Prelingual deafness"]])
+    (True, False)
+    """
+    names = all(re.fullmatch(r"[A-Za-z_][\w\-]{0,39}", c.strip()) for c in rows[0])
+    return names and rows[0][0].strip() not in {r[0].strip() for r in rows[1:] if r}
 
 
 # -- token classification --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def source_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of one source sentence, as the training pairs were tokenized (no line break, no specials)."""
     from lmforge.data.corpus import encode_lines
 
-    return encode_lines(tokenizer, [text], line_breaks=False)[0]
+    return encode_lines(tokenizer, [text], line_breaks=False)[0].tolist()
 
 
 def prompt_ids(model: Any, tokenizer: Any, text: str) -> list[int]:

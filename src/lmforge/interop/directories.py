@@ -20,20 +20,29 @@ from typing import Any
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.manifest import verify_manifest, write_manifest
 from lmforge.models.strategies import StrategySpec, apply_strategy, task_model
 from lmforge.nn.lora import LORA_TARGETS
 
 ADAPTER_FILE, ADAPTER_CONFIG = "adapter.safetensors", "adapter_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what lmforge.tokenizers.load_tokenizer reads
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", ADAPTER_FILE, ADAPTER_CONFIG, "config.json")
 
 
 def has_tokenizer(folder: str | os.PathLike) -> bool:
     return any((Path(folder) / name).exists() for name in TOKENIZER_FILES)
 
 
-def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True) -> tuple[nn.Module, Any]:
-    """(model in eval mode, tokenizer or None) from any model directory (see the module docstring)."""
+def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
+         verify: bool | None = None) -> tuple[nn.Module, Any]:
+    """(model in eval mode, tokenizer or None) from any model directory (see the module docstring).
+
+    verify: check the files against the directory's ``checksums.json`` first (default: yes, unless
+    ``--no-verify``); a directory without one (Hugging Face, older lmforge) loads unverified. A
+    checkpoint folder (``RUN/checkpoints/step-N``) finds its tokenizer through config.json's ``tokenizer``.
+    """
     from lmforge.interop.huggingface import is_hf_dir, load_hf
+    from lmforge.models.config import read_json
     from lmforge.models.registry import load_pretrained
     from lmforge.nn.device import resolve_device
 
@@ -41,17 +50,21 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True) ->
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory")
     device = resolve_device(device, "device") if device is not None else None
+    verify_manifest(folder, required=WEIGHT_FILES, verify=verify)
     if (folder / ADAPTER_CONFIG).is_file():  # LoRA / adapter output of `lmforge finetune`
-        model, tok, _ = load_finetuned(folder, device)
+        model, tok, _ = load_finetuned(folder, device, verify=False)  # verified above
         return model, tok
     if not (folder / "config.json").exists():
         raise LmforgeError(f"{folder}: no config.json (not a model directory)")
     model = load_hf(folder, device) if is_hf_dir(folder) else load_pretrained(folder, device)
     tok = None
-    if tokenizer and has_tokenizer(folder):
+    where = folder
+    if not has_tokenizer(folder) and isinstance(ref := read_json(folder / "config.json").get("tokenizer"), str):
+        where = folder / ref  # a checkpoint points at its run's tokenizer
+    if tokenizer and has_tokenizer(where):
         from lmforge.tokenizers import load_tokenizer
 
-        tok = load_tokenizer(folder)
+        tok = load_tokenizer(where)
     return model, tok
 
 
@@ -121,7 +134,7 @@ def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any],
     adapter_config.json and the tokenizer; the base model is read from its own directory at load time.
     """
     from lmforge.files import write_text_atomic
-    from lmforge.models.registry import WEIGHTS_NAME, save_pretrained, save_weights
+    from lmforge.models.registry import TOKENIZER_OUTPUTS, WEIGHTS_NAME, save_pretrained, save_weights
     from lmforge.nn.lora import remove_wrappers, trainable_state_dict
 
     out.mkdir(parents=True, exist_ok=True)
@@ -135,12 +148,14 @@ def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any],
                 "base_model_sha256": weights_sha256(base)}
         write_text_atomic(out / ADAPTER_CONFIG, json.dumps(meta, indent=1) + "\n")
         tokenizer.save(out)
+        write_manifest(out, [ADAPTER_FILE, ADAPTER_CONFIG, *(n for n in TOKENIZER_OUTPUTS if (out / n).is_file())])
         return (out / ADAPTER_FILE).stat().st_size
     save_pretrained(model, out, tokenizer, extra={"task": info["task"], "labels": list(info["labels"])})
     return (out / WEIGHTS_NAME).stat().st_size
 
 
-def load_finetuned(path: str | Path, device: str | None = None) -> tuple[nn.Module, Any, dict[str, Any]]:
+def load_finetuned(path: str | Path, device: str | None = None,
+                   verify: bool | None = None) -> tuple[nn.Module, Any, dict[str, Any]]:
     """(model in eval mode, tokenizer, info with task and labels) from any fine-tuned directory.
 
     Adapter-only directories are rebuilt: load the base model, wrap it as in training, load the trained
@@ -152,6 +167,7 @@ def load_finetuned(path: str | Path, device: str | None = None) -> tuple[nn.Modu
     from lmforge.nn.lora import merge_lora
 
     folder = Path(path)
+    verify_manifest(folder, required=WEIGHT_FILES, verify=verify)
     if (folder / ADAPTER_CONFIG).is_file():
         info = read_json(folder / ADAPTER_CONFIG)
         for key in ("base_model", "strategy", "task", "labels"):
@@ -173,7 +189,7 @@ def load_finetuned(path: str | Path, device: str | None = None) -> tuple[nn.Modu
         load_weights(model, tensors, str(folder / ADAPTER_FILE), optional=("",))
         merge_lora(model)
     else:
-        model, tok = load(folder)
+        model, tok = load(folder, verify=False)  # verified above
         if tok is None:
             raise LmforgeError(f"{folder}: no tokenizer (tokenizer.json or vocab.txt)")
         data = read_json(folder / "config.json")

@@ -24,6 +24,7 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 from lmforge.interop import bert, gpt2
+from lmforge.manifest import write_manifest
 from lmforge.models.config import DecoderConfig, EncoderConfig, read_json
 from lmforge.models.registry import (
     WEIGHTS_NAME,
@@ -158,7 +159,7 @@ def convert_from_hf(path: str | os.PathLike, out: str | os.PathLike) -> Path:
     src, dst = Path(path), Path(out)
     model = load_hf(src)
     save_pretrained(model, dst)
-    copy_tokenizer_files(src, dst)
+    write_manifest(dst, copy_tokenizer_files(src, dst))  # the copied files join the checksums
     return dst
 
 
@@ -185,6 +186,7 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
     write_text_atomic(dst / "config.json", json.dumps(hf_config, indent=2) + "\n")
     if not isinstance(path, nn.Module):
         export_tokenizer(Path(path), dst)
+    write_manifest(dst, [n for n in (WEIGHTS_NAME, "config.json", *TOKENIZER_FILES) if (dst / n).is_file()])
     return dst
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,8 @@ from lmforge.files import read_text_utf8, write_text_atomic
 
 # Keys a model directory's config.json may hold beside the architecture's fields (which head sits on
 # top, the label names of a fine-tuned model, ...). ``from_dict`` accepts and ignores them.
-MODEL_KEYS = frozenset({"architecture", "num_labels", "labels", "task", "lmforge_version", "label_names"})
+MODEL_KEYS = frozenset({"architecture", "num_labels", "labels", "task", "lmforge_version", "label_names",
+                        "tokenizer"})  # tokenizer: a checkpoint's path to its run's tokenizer directory
 
 
 class ConfigMixin:
@@ -49,8 +53,10 @@ class ConfigMixin:
         unknown = sorted(set(d) - names - MODEL_KEYS)
         if unknown:
             raise LmforgeError(f"{source}: unknown {cls.__name__} field(s) {', '.join(unknown)}")
+        values = {k: v for k, v in d.items() if k in names}
+        check_values(cls, values, source)
         try:
-            config = cls(**{k: v for k, v in d.items() if k in names})
+            config = cls(**values)
         except TypeError as err:  # a required field is missing
             raise LmforgeError(f"{source}: {err}") from None
         config.validate(source)  # type: ignore[attr-defined]
@@ -75,6 +81,43 @@ class ConfigMixin:
             raise LmforgeError(f"{source}: d_model={d_model} is not divisible by n_heads={n_heads}")
         if getattr(self, "activation") not in ("relu", "gelu", "gelu_tanh"):  # noqa: B009
             raise LmforgeError(f"{source}: activation must be relu, gelu or gelu_tanh")
+
+
+def check_values(cls: type, values: dict[str, Any], source: str) -> None:
+    """Check each value of a config.json by type and range before any tensor is built; errors name the field.
+
+    Integers are sizes (>= 1), layer counts (n_*layers, >= 0) or token ids (>= 0); dropout-like rates lie
+    in [0, 1); eps and temperature are > 0. ``"d_model": "64"`` or ``-64`` is one line, not a traceback.
+
+    >>> check_values(EncoderConfig, {"vocab_size": 10, "d_model": "64"}, "config.json")
+    Traceback (most recent call last):
+    ...
+    lmforge.errors.LmforgeError: config.json: d_model must be an integer, got '64'
+    """
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        hint = hints.get(name)
+        optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+        if value is None and optional:
+            continue
+        base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+        if base is bool and not isinstance(value, bool):
+            raise LmforgeError(f"{source}: {name} must be true or false, got {value!r}")
+        if base is str and not isinstance(value, str):
+            raise LmforgeError(f"{source}: {name} must be a string, got {value!r}")
+        if base is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise LmforgeError(f"{source}: {name} must be an integer, got {value!r}")
+            low = 0 if name.endswith("_id") or (name.startswith("n_") and name.endswith("layers")) else 1
+            if value < low:
+                raise LmforgeError(f"{source}: {name} must be >= {low}, got {value}")
+        if base is float:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise LmforgeError(f"{source}: {name} must be a number, got {value!r}")
+            if ("dropout" in name or name == "label_smoothing") and not 0 <= value < 1:
+                raise LmforgeError(f"{source}: {name} must be in [0, 1), got {value}")
+            if name in ("eps", "temperature") and value <= 0:
+                raise LmforgeError(f"{source}: {name} must be > 0, got {value}")
 
 
 @dataclass

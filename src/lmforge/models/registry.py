@@ -18,6 +18,7 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path
+from lmforge.manifest import write_manifest
 from lmforge.models.captioning import GridCaptioner
 from lmforge.models.cnn import CNNForSequenceClassification, SentenceCNN
 from lmforge.models.config import Config, config_from_dict, config_path, read_json
@@ -63,6 +64,7 @@ DEFAULT_ARCHITECTURE = {  # config kind -> the base model built when no architec
     "dual-encoder": "DualEncoder",
 }
 WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_OUTPUTS = ("tokenizer.json", "tokenizer.vocab", "vocab.txt")  # files of a tokenizer in a model directory
 
 
 def build_model(config: Config, architecture: str | None = None, num_labels: int | None = None) -> nn.Module:
@@ -113,19 +115,39 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, tokenizer: A
     model.config.save(out, {**info, **(extra or {})})
     if tokenizer is not None:
         tokenizer.save(out)
+    write_manifest(out, [n for n in (WEIGHTS_NAME, "config.json", *TOKENIZER_OUTPUTS) if (out / n).is_file()])
     return out
+
+
+PICKLE_HINT = ("if you trust its source, re-save it as safetensors (transformers: "
+               "model.save_pretrained(DIR, safe_serialization=True)), or use the model's model.safetensors")
+
+
+def load_tensors_only(path: Path, hint: str = PICKLE_HINT) -> Any:
+    """``torch.load`` that accepts tensors, numbers and containers only: a pickle carrying other Python
+    objects (code that would run on loading) is refused in one line, as is a damaged file."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise LmforgeError(f"{path}: refused: it holds Python objects other than tensors (a pickle that could run "
+                           f"code); {hint}") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        raise LmforgeError(f"{path}: cannot read ({str(err).splitlines()[0][:200]})") from None
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file, or ``pytorch_model.bin`` read with ``weights_only=True``."""
     if not path.exists():
         raise LmforgeError(f"{path}: no such file")
-    try:
-        if path.suffix == ".safetensors":
+    if path.suffix != ".safetensors":
+        state = load_tensors_only(path)
+    else:
+        try:
             return load_file(str(path))
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (SafetensorError, RuntimeError, OSError, ValueError) as err:
-        raise LmforgeError(f"{path}: cannot read weights ({str(err).splitlines()[0]})") from None
+        except (SafetensorError, RuntimeError, OSError, ValueError) as err:
+            raise LmforgeError(f"{path}: cannot read weights ({str(err).splitlines()[0]})") from None
     if not isinstance(state, dict):
         raise LmforgeError(f"{path}: expected a dict of tensors, got {type(state).__name__}")
     return state

@@ -3,7 +3,7 @@
 A tokenizer turns text into ids in four stages; only the third differs between BPE, byte-level
 BPE and WordPiece, so the subclasses implement just that (``_word_pieces``) and a decoder:
 
-1. split off special tokens such as ``[SEP]`` (only where allowed; they are never split),
+1. split off special tokens such as ``[SEP]`` written in the text, where allowed (they are never split),
 2. normalize (WordPiece: clean, lowercase, strip accents) and cut the text into words,
 3. split each word into subword pieces (cached per word),
 4. add the template's special tokens (``[CLS] A [SEP] B [SEP]``), truncate, pad.
@@ -11,6 +11,11 @@ BPE and WordPiece, so the subclasses implement just that (``_word_pieces``) and 
     >>> tok = load_tokenizer(minilm_path())                   # doctest: +SKIP
     >>> tok.encode("Hello world").ids                         # doctest: +SKIP
     [101, 7592, 2088, 102]
+
+**Special tokens written in text** ("[CLS] literal") follow the tokenizer's origin: loaded from a Hugging
+Face ``tokenizer.json`` or a BERT ``vocab.txt``, they are split out as ``tokenizers`` / ``BertTokenizerFast``
+do (``specials_in_text``); trained by lmforge, they are plain text, as in tiktoken. ``allow_special=False``
+(``--special-as-text``, for untrusted input) makes them plain text, ``allow_special=True`` splits them out.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Tokenizer:
     registry: ClassVar[dict[str, type[Tokenizer]]] = {}
     pattern: regex.Pattern
     contiguous: bool = False  # True when the pattern's words tile every text (GPT-2, GPT-4 patterns)
+    specials_in_text: bool = False  # split special tokens out of text by default (Hugging Face origin)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -225,8 +231,19 @@ class Tokenizer:
             segments.append((pos, len(text), False))
         return segments
 
-    def encode_sequence(self, text: str, allowed_special: str | Iterable[str] = "none") -> Encoding:
-        """One sequence, without template tokens. ``allowed_special``: "none", "all" or a set of tokens."""
+    def _allowed(self, allowed_special: str | Iterable[str] | None, allow_special: bool | None) -> str | Iterable[str]:
+        """Which special tokens written in text are split out: the arguments, else the origin's default."""
+        if allow_special is False:
+            return "none"
+        if allowed_special is not None:
+            return allowed_special
+        return "all" if allow_special or self.specials_in_text else "none"
+
+    def encode_sequence(self, text: str, allowed_special: str | Iterable[str] | None = None,
+                        allow_special: bool | None = None) -> Encoding:
+        """One sequence, without template tokens. ``allowed_special``: "none", "all" or a set of tokens
+        (default: ``allow_special``, else the tokenizer's origin decides; see the module docstring)."""
+        allowed_special = self._allowed(allowed_special, allow_special)
         if not isinstance(text, str):
             raise LmforgeError(f"encode expects a string, got {type(text).__name__}")
         enc = Encoding([], [], [], [], [], [], [])
@@ -259,13 +276,16 @@ class Tokenizer:
         return sum(not name.startswith("$") for name, _ in self._template_items(pair, True))
 
     def encode(self, text: str, pair: str | None = None, *, add_special_tokens: bool = True,
-               allowed_special: str | Iterable[str] = "none", max_length: int | None = None,
-               padding: bool | str | int = False, pad_to_multiple_of: int | None = None) -> Encoding:
+               allowed_special: str | Iterable[str] | None = None, allow_special: bool | None = None,
+               max_length: int | None = None, padding: bool | str | int = False,
+               pad_to_multiple_of: int | None = None) -> Encoding:
         """Encode a text (or a pair, ``[CLS] A [SEP] B [SEP]`` for BERT) into an ``Encoding``.
 
         ``max_length`` truncates (longest first for pairs) so that the result, special tokens
         included, fits; ``padding``: ``"max_length"`` or an int pads up to that length.
+        ``allow_special=False`` reads special tokens written in the text as plain text.
         """
+        allowed_special = self._allowed(allowed_special, allow_special)
         first = self.encode_sequence(text, allowed_special)
         if pair is None and max_length is None and padding in (False, None) and not pad_to_multiple_of:
             return apply_template(self._template_items(False, add_special_tokens), first, None, self.vocab)
@@ -356,7 +376,8 @@ class Tokenizer:
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": 1, "kind": self.kind, "tokens": self.id_to_token,
                 "special_tokens": list(self.special_tokens), "roles": self.roles,
-                "template": {k: list(v) for k, v in self.template.items()}, "model": self._model_dict()}
+                "template": {k: list(v) for k, v in self.template.items()}, "model": self._model_dict(),
+                "specials_in_text": self.specials_in_text}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "tokenizer") -> Tokenizer:
@@ -368,9 +389,11 @@ class Tokenizer:
             raise LmforgeError(f"{source}: missing or unknown field 'kind' "
                                f"(expected one of {', '.join(sorted(Tokenizer.registry))})") from None
         try:
-            return sub._from_model_dict(data["model"], tokens=data["tokens"],
-                                        special_tokens=data.get("special_tokens", []),
-                                        roles=data.get("roles", {}), template=data.get("template"))
+            tok = sub._from_model_dict(data["model"], tokens=data["tokens"],
+                                       special_tokens=data.get("special_tokens", []),
+                                       roles=data.get("roles", {}), template=data.get("template"))
+            tok.specials_in_text = bool(data.get("specials_in_text", False))
+            return tok
         except KeyError as err:
             raise LmforgeError(f"{source}: missing field {err.args[0]!r}") from None
         except LmforgeError as err:

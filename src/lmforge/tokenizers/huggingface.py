@@ -73,7 +73,16 @@ def _find(component: dict[str, Any] | None, type_name: str) -> dict[str, Any] | 
 
 
 def from_huggingface(data: dict[str, Any], source: str = "tokenizer.json") -> Tokenizer:
-    """Build the lmforge tokenizer equivalent to a Hugging Face ``tokenizer.json`` (parsed)."""
+    """Build the lmforge tokenizer equivalent to a Hugging Face ``tokenizer.json`` (parsed).
+
+    Special tokens written in text are split out by default, as ``tokenizers`` does with the same file.
+    """
+    tok = _from_huggingface(data, source)
+    tok.specials_in_text = True
+    return tok
+
+
+def _from_huggingface(data: dict[str, Any], source: str) -> Tokenizer:
     try:
         model = data["model"]
         added = data.get("added_tokens") or []

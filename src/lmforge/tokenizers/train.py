@@ -25,7 +25,7 @@ import heapq
 import multiprocessing
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 
@@ -50,8 +50,8 @@ def read_corpus(files: Sequence[str | Path], errors: str = "strict") -> list[str
         try:
             texts.append(data.decode("utf-8", errors=errors))
         except UnicodeDecodeError as err:
-            raise LmforgeError(f"{path}: invalid UTF-8 at byte offset {err.start} "
-                               "(fix the file or pass --errors replace)") from None
+            raise LmforgeError(f"{path}: invalid UTF-8 at byte offset {err.start} (fix the file, or replace bad "
+                               "bytes by U+FFFD: --errors replace, or data.errors=replace in a recipe)") from None
     if files and not any(t.strip() for t in texts):
         raise LmforgeError(f"{', '.join(map(str, files))}: no text to learn from (empty corpus)")
     return texts
@@ -79,6 +79,32 @@ def split_points(text: str, size: int = 1 << 20) -> list[str]:
     return chunks
 
 
+PIECE_CHARS = 1 << 20  # longest text split or encoded in one piece: memory stays a few times the input
+
+
+def bounded_pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
+    """``text`` in pieces of at most ``size`` characters, cut where no pre-tokenizer joins the two sides.
+
+    A cut goes before a space that follows a non-space ("abc| def"): every pattern here ends a word
+    there, so counting or encoding the pieces gives what the whole text gives. A single line of 50 MB
+    is then split and counted 1 MB at a time instead of as 10 million words at once. A stretch of
+    ``size`` characters without any such space (not text) is cut where it is.
+
+    >>> list(bounded_pieces("ab cd  ef", size=4))
+    ['ab', ' cd', '  ef']
+    """
+    start = 0
+    while len(text) - start > size:
+        cut = text.rfind(" ", start + 1, start + size + 1)
+        while cut > start and text[cut - 1].isspace():
+            cut = text.rfind(" ", start + 1, cut)
+        if cut <= start:
+            cut = start + size
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
 def _count_chunk(chunk: str) -> Counter[str]:
     assert _WORKER_SPLIT is not None
     return Counter(_WORKER_SPLIT(chunk))
@@ -94,9 +120,10 @@ def count_words(texts: Iterable[str], split: Split, workers: int = 1) -> Counter
     counts: Counter[str] = Counter()
     if workers <= 1:
         for text in texts:
-            counts.update(split(text))
+            for piece in bounded_pieces(text):
+                counts.update(split(piece))
         return counts
-    chunks = [c for text in texts for c in split_points(text)]
+    chunks = [p for text in texts for c in split_points(text) for p in bounded_pieces(c)]
     _WORKER_SPLIT = split
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:

@@ -84,8 +84,10 @@ class WordPieceTokenizer(Tokenizer):
         missing = [t for t in BERT_SPECIALS if t not in tokens]
         if missing or len(set(tokens)) != len(tokens):
             raise LmforgeError(f"{path}: not a BERT vocabulary (missing {missing} or duplicate lines)")
-        return cls(tokens, special_tokens=BERT_SPECIALS, roles=BERT_ROLES,
-                   normalizer=BertNormalizer(lowercase=lowercase))
+        tok = cls(tokens, special_tokens=BERT_SPECIALS, roles=BERT_ROLES,
+                  normalizer=BertNormalizer(lowercase=lowercase))
+        tok.specials_in_text = True  # as BertTokenizerFast: [CLS] written in text is the token [CLS]
+        return tok
 
     def _normalize(self, text: str) -> tuple[str, list[int] | None]:
         return self.normalizer(text)

@@ -74,26 +74,32 @@ class TrainConfig:
     device: str = "auto"  # auto = cuda:LOCAL_RANK when CUDA is available, else cpu
     ddp: bool = True  # wrap in DistributedDataParallel when launched by torchrun with WORLD_SIZE > 1
     fsdp: bool = False  # shard parameters, gradients and optimizer state instead (large models)
+    dist_timeout: float = 600.0  # seconds a process waits for the others in a collective before failing
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  (YAML gives a list)
-        checks = [
-            ("lr", self.lr > 0),
-            ("min_lr", 0 <= self.min_lr <= self.lr),
-            ("max_steps", self.max_steps >= 1),
-            ("warmup_steps", 0 <= self.warmup_steps <= self.max_steps),
-            ("batch_size", self.batch_size >= 1),
-            ("grad_accum", self.grad_accum >= 1),
-            ("grad_clip", self.grad_clip >= 0),
-            ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)),
-            ("muon_lr", self.muon_lr > 0),
-            ("muon_momentum", 0 <= self.muon_momentum < 1),
+        checks = [  # (field, holds, why: what a valid value is)
+            ("lr", self.lr > 0, "must be > 0"),
+            ("min_lr", 0 <= self.min_lr <= self.lr, f"must be between 0 and lr ({self.lr})"),
+            ("max_steps", self.max_steps >= 1, "must be >= 1"),
+            ("warmup_steps", 0 <= self.warmup_steps < self.max_steps or self.warmup_steps == 0,
+             f"must be >= 0 and smaller than max_steps ({self.max_steps})"),
+            ("batch_size", self.batch_size >= 1, "must be >= 1"),
+            ("grad_accum", self.grad_accum >= 1, "must be >= 1"),
+            ("grad_clip", self.grad_clip >= 0, "must be >= 0 (0 turns clipping off)"),
+            ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+             "must be two numbers in [0, 1)"),
+            ("eps", self.eps > 0, "must be > 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("dist_timeout", self.dist_timeout > 0, "must be > 0 seconds"),
+            ("muon_lr", self.muon_lr > 0, "must be > 0"),
+            ("muon_momentum", 0 <= self.muon_momentum < 1, "must be in [0, 1)"),
         ]
         for name in ("eval_every", "eval_batches", "save_every", "keep_last", "log_every"):
-            checks.append((name, getattr(self, name) >= 0))
-        for name, ok in checks:
+            checks.append((name, getattr(self, name) >= 0, "must be >= 0 (0 turns it off)"))
+        for name, ok, why in checks:
             if not ok:
-                raise LmforgeError(f"train.{name}: invalid value {getattr(self, name)!r}")
+                raise LmforgeError(f"train.{name}: invalid value {getattr(self, name)!r}: {why}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None, section: str = "train") -> TrainConfig:
@@ -318,6 +324,46 @@ def _normal(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
+# Sections a resumed run must share with the run it resumes (its corpus, tokenizer, model, task), and the
+# keys inside them that only change how long it trains, how often it evaluates or how fast it reads.
+FIXED_SECTIONS = ("model", "tokenizer", "data", "finetune")
+MAY_CHANGE = frozenset({"data.workers", "data.eval_batches", "data.eval_batch_size", "finetune.epochs",
+                        "finetune.max_steps", "finetune.save_every", "finetune.eval", "finetune.eval_batch_size",
+                        "finetune.device", "finetune.keep_checkpoints", "finetune.overwrite", "finetune.lr",
+                        "finetune.warmup", "finetune.weight_decay"})
+
+
+def resume_changes(saved_path: str | Path, recipe: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+    """Keys whose values differ from the run's saved ``config.yaml`` ([] when there is none).
+
+    A changed key of a fixed section (``data.files``, ``tokenizer.vocab_size``, ``model.d_model``) is an
+    LmforgeError naming it: resuming would train the saved weights on other data, or the record would lie.
+    Keys starting with one of ``ignore`` are not compared.
+    """
+    path = Path(saved_path)
+    if not path.is_file():
+        return []
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise LmforgeError(f"{path}: unreadable run record ({str(err).splitlines()[0]})") from None
+    changed = [k for k in diff_recipes(saved, recipe) if not k.startswith(ignore)]
+    fatal = [k for k in changed if k.split(".")[0] in FIXED_SECTIONS and k not in MAY_CHANGE]
+    if fatal:
+        key = fatal[0]
+        raise LmforgeError(f"{path}: {key} is {_lookup(saved, key)!r} in this run but {_lookup(recipe, key)!r} now; "
+                           "the directory holds a run of other settings: rerun with its settings or choose a new "
+                           "--out")
+    return changed
+
+
+def _lookup(recipe: dict[str, Any], key: str) -> Any:
+    node: Any = recipe
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def default_recipe(model: Any, config: TrainConfig) -> dict[str, Any]:
     """``{"model": <model.config as a dict, if any>, "train": config}``: what config.yaml holds by default."""
     recipe: dict[str, Any] = {}
@@ -350,5 +396,6 @@ __all__ = [
     "diff_recipes",
     "load_recipe",
     "parse_override",
+    "resume_changes",
     "save_recipe",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -77,8 +78,11 @@ def resolve_auto(precision: str, compile_: bool | str, fsdp: bool, device: torch
     return precision, bool(compile_)
 
 
-def init(env: DistEnv, device: torch.device) -> bool:
+def init(env: DistEnv, device: torch.device, timeout_s: float = 600.0) -> bool:
     """Join the process group (nccl on CUDA, gloo on CPU) if launched with WORLD_SIZE > 1.
+
+    timeout_s (``train.dist_timeout``): how long a collective waits for a process that does not answer
+    (frozen, not dead) before it fails; a dead process fails the others at once.
 
     Returns True when this call created the group (and so ``shutdown`` should destroy it).
     """
@@ -90,8 +94,20 @@ def init(env: DistEnv, device: torch.device) -> bool:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(minutes=30))
+                            timeout=datetime.timedelta(seconds=timeout_s))
     return True
+
+
+def raise_peer_failure(err: BaseException, env: DistEnv, timeout_s: float,
+                       last_checkpoint: Callable[[], str]) -> None:
+    """Turn a collective's error that means another process died or timed out into one clear line."""
+    text = str(err).lower()
+    if not env.enabled or not (isinstance(err, getattr(dist, "DistError", ())) or any(
+            w in text for w in ("connection", "timed out", "timeout", "gloo", "nccl", "peer"))):
+        return
+    raise LmforgeError(f"process {env.rank}: another process of the run failed or did not answer within "
+                       f"train.dist_timeout={timeout_s:g} s ({str(err).splitlines()[0][:160]}); the last "
+                       f"checkpoint is {last_checkpoint()}") from None
 
 
 def shutdown(created: bool) -> None:

@@ -9,6 +9,7 @@
         clip the gradient norm; AdamW step; zero the gradients
         log / evaluate / checkpoint every log_every / eval_every / save_every steps; there, stop if a
         loss or gradient norm was NaN or infinite (the last checkpoint stays the last good one)
+        on SIGINT / SIGTERM: checkpoint this step and stop (train/signals.py)
 
 No step waits for the device. Loss, token count, gradient norm and the non-finite check stay on it and
 are read only at log, eval and save steps; step s + 1's batches are built and copied while step s runs
@@ -17,7 +18,8 @@ are read only at log, eval and save steps; step s + 1's batches are built and co
 The data position of a run is its step: the source returns the same batch for the same
 (step, micro, rank, world_size), so a checkpoint needs no loader state and a resumed run sees the
 batches the uninterrupted run would have seen. With the RNG states restored too, a resumed run on CPU
-ends bit-identical to one that was never stopped.
+ends bit-identical to one that was never stopped, given the same thread count and device (floating-point
+sums depend on how the work is split: a checkpoint records both and resume warns when they differ).
 """
 
 from __future__ import annotations
@@ -35,29 +37,34 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from torch import nn
 from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
+from lmforge.lock import RunLock
 from lmforge.train import distributed as D
 from lmforge.train.batches import BatchSource, Prefetcher
 from lmforge.train.checkpoint import (
     Checkpoint,
     alias_names,
     capture_rng,
+    checkpoint_config,
+    checkpoints_dir,
+    hardware,
     latest_checkpoint,
     load_weights,
     restore_rng,
     save_checkpoint,
+    step_name,
+    warn_other_hardware,
 )
-from lmforge.train.config import TrainConfig, default_recipe, diff_recipes, save_recipe
+from lmforge.train.config import TrainConfig, default_recipe, resume_changes, save_recipe
 from lmforge.train.logs import RunLog, info
 from lmforge.train.metrics import EvalAccumulator, NonFiniteWatch, label_shift
 from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
+from lmforge.train.signals import GracefulStop, send_test_signal
 
 KILL_HOOK = "LMFORGE_TEST_KILL_AT_STEP"  # tests: SIGKILL this process right after finishing that step
-SHAPE_SECTIONS = ("model",)  # recipe sections that must match to resume a run
 
 
 class Callback:
@@ -102,8 +109,10 @@ class Trainer:
 
     model: any nn.Module whose ``forward(**batch)`` returns an object with a scalar ``.loss``.
     recipe: the resolved recipe (``load_recipe``) to save as ``config.yaml``; by default the ``train``
-        section and the model's ``config`` dataclass when it has one. On resume its ``model`` section
-        must equal the saved one.
+        section and the model's ``config`` dataclass when it has one. On resume its model, tokenizer,
+        data and finetune sections must equal the saved ones (``train.config.resume_changes``).
+    tokenizer_dir, model_info: where the run's tokenizer is and more config.json fields (a classifier's
+        labels); each checkpoint's config.json holds them, so that a checkpoint is a model directory.
     """
 
     def __init__(
@@ -114,8 +123,11 @@ class Trainer:
         run_dir: str | Path,
         callbacks: Sequence[Callback] | None = None,
         recipe: dict[str, Any] | None = None,
+        tokenizer_dir: str | Path | None = None,
+        model_info: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.source, self.config = model, source, config
+        self.tokenizer_dir, self.model_info = tokenizer_dir, model_info
         self.run_dir = Path(run_dir)
         self.callbacks = list(callbacks or [])
         self.stop_early = False  # a callback sets it to end the run after the current step
@@ -132,32 +144,31 @@ class Trainer:
                                   self.shift)
         self.best_eval_loss: float | None = None
         self.best_step: int | None = None
+        self._recipe_pending = False  # config.yaml is rewritten with a changed recipe at its first checkpoint
 
     # ------------------------------------------------------------------------------------------ setup
 
     def _prepare_run_dir(self) -> Checkpoint | None:
-        """Find the checkpoint to resume from, check that it is a run of this model, save the recipe."""
+        """Find the checkpoint to resume from, check that it is a run of these settings, save the recipe.
+
+        config.yaml is the run's record: written now for a new run; for a resumed run with changed
+        settings (allowed ones only) rewritten at the first checkpoint trained with them.
+        """
         saved_path = self.run_dir / "config.yaml"
         if self.env.is_main:  # rank 0 alone removes what an interrupted save left behind
-            ckpt = latest_checkpoint(self.run_dir, clean=True)
+            ckpt = latest_checkpoint(self.run_dir, clean=True, verify=True)
         D.barrier(self.env)
         if not self.env.is_main:
-            ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is not None and saved_path.is_file():
-            saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
-            changed = diff_recipes(saved, self.recipe)
-            fatal = [k for k in changed if k.split(".")[0] in SHAPE_SECTIONS]
-            if fatal:
-                raise LmforgeError(
-                    f"{saved_path}: {fatal[0]} differs from this run's; --out points at a run of another "
-                    "model: choose a new --out or use that run's config"
-                )
-            if changed and self.env.is_main:
-                info(f"resuming with changed settings: {', '.join(changed)}")
+            ckpt = latest_checkpoint(self.run_dir, verify=True)
+        changed = resume_changes(saved_path, self.recipe)
+        if changed and self.env.is_main:
+            info(f"resuming with changed settings: {', '.join(changed)}")
         D.barrier(self.env)
         if self.env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_recipe(self.recipe, saved_path)
+            if not saved_path.is_file():
+                save_recipe(self.recipe, saved_path)
+            self._recipe_pending = bool(changed)
         return ckpt
 
     def _autocast(self):
@@ -170,9 +181,13 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ loop
 
     def fit(self) -> TrainResult:
-        created = D.init(self.env, self.device)
+        created = D.init(self.env, self.device, self.config.dist_timeout)
         try:
-            return self._fit()
+            with RunLock(self.run_dir) if self.env.is_main else nullcontext():
+                return self._fit()
+        except RuntimeError as err:  # a collective failed: another process died or stopped answering?
+            D.raise_peer_failure(err, self.env, self.config.dist_timeout, self._latest_name)
+            raise
         finally:
             D.shutdown(created)
 
@@ -220,6 +235,8 @@ class Trainer:
             info(f"{self.run_dir} already finished at step {start}; raise train.max_steps to train further")
             done = [e for e in log.events if e.get("event") == "train"]
             loss = float(done[-1]["loss"]) if done else loss
+        stop = GracefulStop(env, self.device)
+        stop.install()
         try:
             for step in range(start + 1, cfg.max_steps + 1):
                 self.step = step
@@ -253,16 +270,23 @@ class Trainer:
                         for cb in self.callbacks if env.is_main else []:
                             cb.on_eval(self, step, metrics)
                 stop_now = self.stop_early and not last  # a callback asked (early stopping)
-                if save_now or stop_now:
+                saved = save_now or stop_now
+                if saved:
                     last_ckpt = self.save()
                 if os.environ.get(KILL_HOOK) == str(step):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if stop_now:
                     info(f"stopping early at step {step} (a callback asked); checkpoint {last_ckpt}")
                     break
+                send_test_signal(step)
+                if not last and (signum := stop.requested()):
+                    if not saved:
+                        self.save()
+                    raise stop.stopped(signum, step, checkpoints_dir(self.run_dir) / step_name(step))
             if env.is_main and cfg.plot:
                 log.plot(self.run_dir / "loss.png")
         finally:
+            stop.uninstall()
             bar.close()
             log.close()
         return TrainResult(step=self.step, loss=loss, tokens=self.tokens, eval=metrics,
@@ -389,11 +413,16 @@ class Trainer:
                 "best_eval_loss": self.best_eval_loss,
                 "best_step": self.best_step,
                 "world_size": self.env.world_size,
+                **hardware(self.device),
                 "rng": rngs,
             }
             path = save_checkpoint(self.run_dir, self.step, weights,
-                                   {"optimizer": optim, "scaler": self.scaler.state_dict()},
-                                   state, keep_last=self.config.keep_last)
+                                   {"optimizer": optim, "scaler": self.scaler.state_dict()}, state,
+                                   keep_last=self.config.keep_last,
+                                   model_config=checkpoint_config(self.model, self.tokenizer_dir, self.model_info))
+            if self._recipe_pending:  # the changed settings now have a checkpoint: the record follows
+                save_recipe(self.recipe, self.run_dir / "config.yaml")
+                self._recipe_pending = False
             for cb in self.callbacks:
                 cb.on_save(self, self.step, path)
         D.barrier(self.env)
@@ -409,6 +438,8 @@ class Trainer:
         if saved.get("scaler"):
             self.scaler.load_state_dict(saved["scaler"])
         st = ckpt.state
+        if self.env.is_main:
+            warn_other_hardware(st, self.device)
         self.tokens = int(st.get("tokens", 0))
         self.best_eval_loss, self.best_step = st.get("best_eval_loss"), st.get("best_step")
         rngs = st.get("rng") or []

