@@ -9,9 +9,10 @@ prints its one line (where the checkpoint is, how to resume) and exits 128 + the
     signal 2     ignored (a line says the save is under way): a half-written checkpoint helps no one
     signal 3     exit at once, without saving (the previous checkpoint stays intact)
 
-Under DDP/FSDP the flag is summed over the processes every step (one small all-reduce), so every rank
-stops after the same step even when the signal reached only one of them, and the save (a collective)
-happens on all of them.
+Under DDP/FSDP the flag is summed over the processes (one small all-reduce) at the steps where the host
+reads the device anyway (log, eval, save steps: no extra wait in between), so every rank stops after the
+same step even when the signal reached only one of them, and the save (a collective) happens on all of
+them; a stop then waits for the next log step (keep log_every within the ~30 s a scheduler gives).
 """
 
 from __future__ import annotations

@@ -279,7 +279,9 @@ class Trainer:
                     info(f"stopping early at step {step} (a callback asked); checkpoint {last_ckpt}")
                     break
                 send_test_signal(step)
-                if not last and (signum := stop.requested()):
+                # one process: a flag read, every step; several: an all-reduce, so only where the host waits anyway
+                check = not env.enabled or log_now or eval_now or save_now
+                if not last and check and (signum := stop.requested()):
                     if not saved:
                         self.save()
                     raise stop.stopped(signum, step, checkpoints_dir(self.run_dir) / step_name(step))
