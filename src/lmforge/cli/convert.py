@@ -23,8 +23,9 @@ def run_convert(args: argparse.Namespace) -> int:
     from lmforge.outputs import RECORD_NAME, claim_output, record_output
 
     apply_threads(args)
-    source = Path(args.from_hf or args.to_hf)
-    identity = {"source": str(source.resolve()), "to": "lmforge" if args.from_hf else "hf"}
+    source = Path(args.from_hf or args.to_hf or args.to_peft or args.merge)
+    to = "lmforge" if args.from_hf else "hf" if args.to_hf else "peft" if args.to_peft else "merged"
+    identity = {"source": str(source.resolve()), "to": to}
     claim_output(args.out, "model", identity, args.overwrite, inputs=[source])
     if args.from_hf:
         source, out = args.from_hf, convert_from_hf(args.from_hf, args.out)

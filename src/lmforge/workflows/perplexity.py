@@ -38,9 +38,9 @@ def perplexity(model: nn.Module, tokenizer: Any, text: str, stride: int | None =
         raise LmforgeError(f"a {type(model).__name__} is not a causal language model: perplexity needs a decoder "
                            "(a GPT); a classifier is evaluated on a labeled file instead")
     lines = text.split("\n")
-    ids = [t for piece in encode_lines(tokenizer, lines[:-1]) for t in piece]
+    ids = [int(t) for piece in encode_lines(tokenizer, lines[:-1]) for t in piece]
     if lines[-1]:
-        ids += encode_lines(tokenizer, [lines[-1]], line_breaks=False)[0]
+        ids.extend(int(t) for t in encode_lines(tokenizer, [lines[-1]], line_breaks=False)[0])
     if len(ids) < 2:
         raise LmforgeError("the text has fewer than two tokens: nothing to score")
     window = model.config.max_positions
