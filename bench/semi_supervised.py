@@ -11,9 +11,10 @@ a labeled sample (every supersense at least once, the rest drawn at random). Row
     dapt+st           ... + self-training
     scratch           a small BERT pretrained from scratch on the unlabeled glosses only -> fine-tune
 
-    python bench/semi_supervised.py                   # the scaled-down run of docs/finetuning.md (~40 min)
+    python bench/semi_supervised.py                   # the scaled-down run of docs/finetuning.md (~75 min here)
     python bench/semi_supervised.py --budgets 2000 10000 --unlabeled 100000 --pool 100000 --test 5000 \\
-        --dapt-steps 2000 --max-len 64 --strategy full --epochs 3     # the full design (GPU advised)
+        --dapt-steps 2000 --seq-len 128 --dapt-lr 5e-5 --max-len 64 --strategy lora --lr 5e-4 \\
+        --confidence 0.9 --pseudo-ratio 1 --scratch-steps 2000 --out runs/semi-full   # the full design (GPU advised)
 
 Every run goes through the public workflows (``pretrain``, ``finetune``); each run's directory under
 ``--out`` keeps its finetune.json, and a run already finished is not repeated. The table (markdown) and
