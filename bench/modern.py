@@ -303,7 +303,8 @@ def report(results: dict) -> None:
             print("| --- | --- | --- | --- | --- |")
             for r in section["runs"]:
                 reach = first_reach(r["evals"], TARGET)
-                print(f"| {r['recipe']} #{r['round'] + 1} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                cpu = "-" if r["cpu_s"] is None else f"{r['cpu_s']:.1f}"
+                print(f"| {r['recipe']} #{r['round'] + 1} | {r['wall_s']:.1f} | {cpu} | "
                       f"{r['evals'][-1][2]:.4f} | {'-' if reach is None else f'{reach:.1f}'} |")
                 ax.plot([t for _, t, _ in r["evals"]], [loss for *_, loss in r["evals"]], marker=".",
                         color=colors[r["recipe"]], alpha=1.0 if r["round"] == 0 else 0.45,
@@ -323,12 +324,13 @@ def report(results: dict) -> None:
         ms = list(abl["step_ms"].values())
         base_ms, modern_ms = ms[0], ms[-1]  # the GPT-2 row and the recipe's row (batch 24)
         print("\nfrom the per-step times (no evaluations):")
-        for r in (r for _, section in panels for r in section["runs"]):
+        first = {r["recipe"]: r for _, section in reversed(panels) for r in section["runs"]}  # one run per recipe
+        for r in first.values():
             step_ms = base_ms if r["recipe"] == "baseline" else modern_ms
             cross = next((s for s, _, loss in r["evals"] if loss <= TARGET), None)
             total = r["evals"][-1][0] * step_ms / 1000
             reach = "-" if cross is None else f"{cross * step_ms / 1000:.1f} s (step {cross})"
-            print(f"{r['recipe']} #{r['round'] + 1}: {r['evals'][-1][0]} steps x {step_ms:.1f} ms = {total:.1f} s; "
+            print(f"{r['recipe']}: {r['evals'][-1][0]} steps x {step_ms:.1f} ms = {total:.1f} s; "
                   f"1.886 reached after {reach}")
     if abl and abl.get("step_ms"):
         runs, ms = abl["runs"], abl["step_ms"]
