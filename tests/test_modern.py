@@ -313,3 +313,14 @@ def test_recipe_trains_from_the_command_line(tmp_path, name):
     assert model.config.positions == "rotary" and model.config.qk_norm
     log = (tmp_path / "run" / "log.jsonl").read_text()
     assert '"eval_loss"' in log
+
+
+def test_bf16_autocast_runs_the_fused_kernels(recwarn):
+    """Under autocast the RMSNorm gain is cast to the input's dtype (else torch falls back, with a warning)."""
+    model = Decoder(tiny(**MODERN))
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, labels=ids)
+    out.loss.backward()
+    assert math.isfinite(out.loss.item()) and model.norm_f.weight.grad.dtype == torch.float32
+    assert not [w for w in recwarn if "dtype" in str(w.message)]
