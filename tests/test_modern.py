@@ -278,6 +278,7 @@ def test_hugging_face_export_is_refused_for_modern_settings(tmp_path):
         convert_to_hf(Decoder(tiny(**MODERN)), tmp_path / "hf")
     message = str(err.value)
     assert "\n" not in message and "rmsnorm" in message and "GPT-2" in message
+    assert not (tmp_path / "hf").exists()  # nothing written
     convert_to_hf(Decoder(tiny(tie_embeddings=False, zero_init_projections=True)), tmp_path / "ok")  # still GPT-2
 
 
