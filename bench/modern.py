@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/modern.py                    # side by side, then the ablation, then the plots
     .venv/bin/python bench/modern.py side-by-side       # gpt-nanogpt-cpu.yaml vs gpt-modern-cpu.yaml, 2 rounds
+    .venv/bin/python bench/modern.py concurrent         # the two started at the same moment (same load)
     .venv/bin/python bench/modern.py ablation           # one change at a time, 3 seeds, shortened runs
     .venv/bin/python bench/modern.py report             # tables and plots from the runs already made
 
@@ -111,6 +112,38 @@ def side_by_side(rounds: int, threads: int) -> None:
     update_results("side_by_side", {"threads": threads, "runs": runs})
 
 
+def side_by_side_concurrent(threads: int) -> None:
+    """Both recipes started at the same moment, each with ``threads`` threads: whatever else loads the machine
+    loads both alike (until the faster one ends; then the other gets more of it, which favours the baseline)."""
+    procs = {}
+    for name, config, every in (("baseline", BASELINE, 100), ("modern", MODERN, 50)):
+        out = OUT / f"concurrent-{name}"
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}
+        cmd = [sys.executable, "-m", "lmforge.cli", "pretrain", "--config", str(ROOT / config), "--out", str(out),
+               f"data.files=[{joined_split()}]", *QUIET, f"train.eval_every={every}"]
+        procs[name] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                       time.perf_counter(), out, config)
+    runs = []
+    while procs:
+        time.sleep(0.5)
+        for name, (proc, start, out, config) in list(procs.items()):
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            del procs[name]
+            if status:
+                raise SystemExit(f"{name} failed (status {status})")
+            events = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+            evals = [(e["step"], e["elapsed_s"], e["eval_loss"]) for e in events if e["event"] == "eval"]
+            runs.append({"recipe": name, "round": 0, "config": config, "wall_s": round(time.perf_counter() - start, 1),
+                         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "train_s": events[-1]["elapsed_s"],
+                         "evals": evals})
+            print(f"{name} (concurrent): wall {runs[-1]['wall_s']} s, final {evals[-1][2]:.4f}, reaches {TARGET} "
+                  f"at {first_reach(evals, TARGET)} s of training", flush=True)
+    update_results("concurrent", {"threads": threads, "runs": runs})
+
+
 # -- ablation --------------------------------------------------------------------------------------------------------
 def recipe_train(config: str) -> dict:
     import yaml
@@ -123,8 +156,9 @@ def ablation(seeds: int, steps: int, threads: int, parallel: int) -> None:
     the recipe as configured (batch 24) for as many characters."""
     modern = recipe_train(MODERN)
     warmup = max(1, steps // 20)
-    common = [f"train.max_steps={steps}", f"train.warmup_steps={warmup}", f"train.eval_every={steps // 10}",
-              "train.save_every=0"]
+    # 5 evaluations of 10 batches (a 20-batch evaluation costs as much as ~35 training steps)
+    common = [f"train.max_steps={steps}", f"train.warmup_steps={warmup}", f"train.eval_every={steps // 5}",
+              "train.save_every=0", "data.eval_batches=10"]
     variants, acc = [], []
     for i, (label, changes) in enumerate(STEPS):
         acc = acc + [c.format(**modern) for c in changes]
@@ -132,7 +166,7 @@ def ablation(seeds: int, steps: int, threads: int, parallel: int) -> None:
     # the recipe itself: twice the batch, so half the steps for the same characters as every row above
     full = steps * recipe_train(BASELINE)["batch_size"] // modern["batch_size"]
     full_warmup = max(1, modern["warmup_steps"] * full // modern["max_steps"])
-    shorten = [f"train.max_steps={full}", f"train.warmup_steps={full_warmup}", f"train.eval_every={full // 10}"]
+    shorten = [f"train.max_steps={full}", f"train.warmup_steps={full_warmup}", f"train.eval_every={full // 5}"]
     variants.append((f"+ batch {modern['batch_size']}, {full} steps (gpt-modern-cpu.yaml)", MODERN, shorten))
     jobs = [(i, label, config, overrides, seed) for seed in range(seeds)
             for i, (label, config, overrides) in enumerate(variants)]
@@ -257,34 +291,47 @@ def report(results: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    img = ROOT / "docs" / "img"
-    side = results.get("side_by_side")
-    if side:
-        print(f"\nside by side, {side['threads']} thread(s) per run, interleaved\n")
-        print("| run | wall time (s) | CPU time (s) | validation loss at the end | training time to 1.886 (s) |")
-        print("| --- | --- | --- | --- | --- |")
-        for r in side["runs"]:
-            reach = first_reach(r["evals"], TARGET)
-            print(f"| {r['recipe']} #{r['round'] + 1} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                  f"{r['evals'][-1][2]:.4f} | {'-' if reach is None else f'{reach:.1f}'} |")
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+    panels = [(key, results[key]) for key in ("side_by_side", "concurrent") if key in results]
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
         colors = {"baseline": "tab:blue", "modern": "tab:red"}
-        for r in side["runs"]:
-            name = {"baseline": "nanoGPT recipe (gpt-nanogpt-cpu.yaml)", "modern": "modern (gpt-modern-cpu.yaml)"}[
-                r["recipe"]]
-            ax.plot([t for _, t, _ in r["evals"]], [loss for *_, loss in r["evals"]], marker=".",
-                    color=colors[r["recipe"]], alpha=1.0 if r["round"] == 0 else 0.45,
-                    label=f"{name}, run {r['round'] + 1}")
-        ax.axhline(TARGET, color="gray", linestyle="--", linewidth=0.8, label="1.886 (nanoGPT at 2,000 iterations)")
-        ax.set_xlabel("seconds of training (1 thread each, runs interleaved)")
-        ax.set_ylabel("validation loss (nats/char)")
-        ax.set_ylim(1.6, 2.6)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        names = {"baseline": "nanoGPT recipe (gpt-nanogpt-cpu.yaml)", "modern": "modern (gpt-modern-cpu.yaml)"}
+        for ax, (key, section) in zip(axes[0], panels, strict=True):
+            how = "interleaved" if key == "side_by_side" else "started together"
+            print(f"\n{how}, {section['threads']} thread(s) per run\n")
+            print("| run | wall time (s) | CPU time (s) | validation loss at the end | training time to 1.886 (s) |")
+            print("| --- | --- | --- | --- | --- |")
+            for r in section["runs"]:
+                reach = first_reach(r["evals"], TARGET)
+                cpu = "-" if r["cpu_s"] is None else f"{r['cpu_s']:.1f}"
+                print(f"| {r['recipe']} #{r['round'] + 1} | {r['wall_s']:.1f} | {cpu} | "
+                      f"{r['evals'][-1][2]:.4f} | {'-' if reach is None else f'{reach:.1f}'} |")
+                ax.plot([t for _, t, _ in r["evals"]], [loss for *_, loss in r["evals"]], marker=".",
+                        color=colors[r["recipe"]], alpha=1.0 if r["round"] == 0 else 0.45,
+                        label=f"{names[r['recipe']]}, run {r['round'] + 1}")
+            ax.axhline(TARGET, color="gray", linestyle="--", linewidth=0.8, label="1.886 (nanoGPT at 2,000 iterations)")
+            ax.set_title(f"runs {how}, 1 thread each", fontsize=10)
+            ax.set_xlabel("seconds of training (wall clock, shared 2-core machine)")
+            ax.set_ylabel("validation loss (nats/char)")
+            ax.set_ylim(1.6, 2.6)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(img / "modern_loss_vs_time.png", dpi=120)
+        fig.savefig(ROOT / "docs" / "img" / "modern_loss_vs_time.png", dpi=120)
         plt.close(fig)
     abl = results.get("ablation")
+    if panels and abl and abl.get("step_ms"):  # the same comparison in per-step CPU time, which load cannot skew
+        ms = list(abl["step_ms"].values())
+        base_ms, modern_ms = ms[0], ms[-1]  # the GPT-2 row and the recipe's row (batch 24)
+        print("\nfrom the per-step times (no evaluations):")
+        first = {r["recipe"]: r for _, section in reversed(panels) for r in section["runs"]}  # one run per recipe
+        for r in first.values():
+            step_ms = base_ms if r["recipe"] == "baseline" else modern_ms
+            cross = next((s for s, _, loss in r["evals"] if loss <= TARGET), None)
+            total = r["evals"][-1][0] * step_ms / 1000
+            reach = "-" if cross is None else f"{cross * step_ms / 1000:.1f} s (step {cross})"
+            print(f"{r['recipe']}: {r['evals'][-1][0]} steps x {step_ms:.1f} ms = {total:.1f} s; "
+                  f"1.886 reached after {reach}")
     if abl and abl.get("step_ms"):
         runs, ms = abl["runs"], abl["step_ms"]
         labels = list(dict.fromkeys(r["variant"] for r in runs))
@@ -305,7 +352,8 @@ def report(results: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", nargs="?", default="all", choices=["all", "side-by-side", "ablation", "report"])
+    p.add_argument("what", nargs="?", default="all",
+                   choices=["all", "side-by-side", "concurrent", "ablation", "report"])
     p.add_argument("--rounds", type=int, default=2, help="side-by-side rounds (baseline, modern) each")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=500, help="ablation run length (the full runs are 2,000 steps)")
@@ -314,6 +362,8 @@ def main() -> None:
     args = p.parse_args()
     if args.what in ("all", "side-by-side"):
         side_by_side(args.rounds, args.threads)
+    if args.what in ("all", "concurrent"):
+        side_by_side_concurrent(args.threads)
     if args.what in ("all", "ablation"):
         ablation(args.seeds, args.steps, args.threads, args.parallel)
     report(load_results())

@@ -278,6 +278,7 @@ def test_hugging_face_export_is_refused_for_modern_settings(tmp_path):
         convert_to_hf(Decoder(tiny(**MODERN)), tmp_path / "hf")
     message = str(err.value)
     assert "\n" not in message and "rmsnorm" in message and "GPT-2" in message
+    assert not (tmp_path / "hf").exists()  # nothing written
     convert_to_hf(Decoder(tiny(tie_embeddings=False, zero_init_projections=True)), tmp_path / "ok")  # still GPT-2
 
 
@@ -313,3 +314,14 @@ def test_recipe_trains_from_the_command_line(tmp_path, name):
     assert model.config.positions == "rotary" and model.config.qk_norm
     log = (tmp_path / "run" / "log.jsonl").read_text()
     assert '"eval_loss"' in log
+
+
+def test_bf16_autocast_runs_the_fused_kernels(recwarn):
+    """Under autocast the RMSNorm gain is cast to the input's dtype (else torch falls back, with a warning)."""
+    model = Decoder(tiny(**MODERN))
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, labels=ids)
+    out.loss.backward()
+    assert math.isfinite(out.loss.item()) and model.norm_f.weight.grad.dtype == torch.float32
+    assert not [w for w in recwarn if "dtype" in str(w.message)]

@@ -167,7 +167,6 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
     """lmforge Encoder(ForPreTraining, ...Classification) or Decoder -> a directory transformers loads."""
     model = load_pretrained(path) if not isinstance(path, nn.Module) else path
     dst = Path(out)
-    dst.mkdir(parents=True, exist_ok=True)
     config = model.config
     state = state_dict_untied(model)
     arch = type(model).__name__
@@ -182,6 +181,7 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
         tensors = gpt2.weights_to_hf(state, config.n_layers, config.tie_embeddings)
     else:
         raise LmforgeError(f"{arch}: only Encoder (BERT) and Decoder (GPT-2) models export to Hugging Face")
+    dst.mkdir(parents=True, exist_ok=True)  # only once the model is known to export
     save_weights(tensors, dst / WEIGHTS_NAME)
     write_text_atomic(dst / "config.json", json.dumps(hf_config, indent=2) + "\n")
     if not isinstance(path, nn.Module):

@@ -31,8 +31,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d)) if affine else None  # g: (d,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # torch's fused kernel computes exactly x * rsqrt(mean(x²) + eps) * g, in float32 for half inputs
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # (..., d)
+        # torch's fused kernel computes exactly x * rsqrt(mean(x²) + eps) * g (accumulating in float32 for half
+        # inputs); it needs g in x's dtype, which under autocast is bf16 or fp16 while g stays float32
+        weight = self.weight.to(x.dtype) if self.weight is not None else None
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)  # (..., d)
 
     def extra_repr(self) -> str:
         d = self.weight.shape[0] if self.weight is not None else "-"
