@@ -1,5 +1,0 @@
-"""Hugging Face interop: BERT and GPT-2 checkpoints and their tokenizer files, both ways."""
-
-from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, is_hf_dir, load_hf
-
-__all__ = ["convert_from_hf", "convert_to_hf", "is_hf_dir", "load_hf"]
