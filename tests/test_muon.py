@@ -22,12 +22,7 @@ from train_toy import ToySource, toy_decoder
 SCRIPT = Path(__file__).with_name("train_toy.py")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is faster (conftest.py)
 
 
 def config(**kw) -> TrainConfig:

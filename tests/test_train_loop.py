@@ -11,14 +11,7 @@ from lmforge.errors import LmforgeError
 from lmforge.train import Callback, TrainConfig, Trainer, count_targets, latest_checkpoint, train
 from train_toy import ToyLM, ToySource
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and do not fight with other tests for the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is faster (conftest.py)
 
 
 def config(**kw) -> TrainConfig:

@@ -25,12 +25,7 @@ from test_train_loop import CLMSource
 CONVERSIONS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__format__")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is faster (conftest.py)
 
 
 def gpt(dropout: float = 0.1) -> Decoder:

@@ -22,26 +22,16 @@ gigabytes, hence ``verify=False`` in ``lmforge.load`` and ``--no-verify`` on the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import sha256_file, write_text_atomic
 
 MANIFEST_NAME = "checksums.json"
 VERIFY = {"default": True}  # the process-wide default of ``verify`` (``--no-verify`` turns it off)
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in 1 MiB pieces (a model of any size costs this much memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(directory: str | os.PathLike, names: Iterable[str] | None = None) -> Path:
