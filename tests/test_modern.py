@@ -16,6 +16,7 @@ from lmforge.models import Decoder, DecoderConfig, get_preset, load_pretrained, 
 from lmforge.models.decoder import soft_cap
 from lmforge.nn import FeedForward, MultiHeadAttention, RMSNorm, RotaryEmbedding, TransformerLayer
 from lmforge.reference import modern as mref
+from test_nn import randomize  # random values in every parameter (zero-initialised ones too)
 
 TOL = 1e-10
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -25,15 +26,6 @@ MODERN = dict(norm="rmsnorm", positions="rotary", qk_norm=True, activation="relu
 
 def np_(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
-
-
-def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Random values in every parameter (gains and zero-initialised projections too), so no term can hide."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
-    return module
 
 
 def attention_params(m: MultiHeadAttention) -> dict:
