@@ -126,8 +126,6 @@ def apply_runtime(args: argparse.Namespace) -> None:
         resolve_device(args.device, "--device")
 
 
-apply_threads = apply_runtime  # the name the handlers used first
-
 
 def input_lines(given: list[str] | str | None, skip_blank: bool = False, errors: str = "strict") -> Iterator[str]:
     """The TEXT arguments, or standard input one line at a time (without its newline).

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import add_common, apply_threads
+from lmforge.cli.common import add_common, apply_runtime
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -22,7 +22,7 @@ def run_convert(args: argparse.Namespace) -> int:
     from lmforge.models.registry import count_parameters, load_pretrained
     from lmforge.outputs import RECORD_NAME, claim_output, record_output
 
-    apply_threads(args)
+    apply_runtime(args)
     source = Path(args.from_hf or args.to_hf or args.to_peft or args.merge)
     to = "lmforge" if args.from_hf else "hf" if args.to_hf else "peft" if args.to_peft else "merged"
     identity = {"source": str(source.resolve()), "to": to}

@@ -15,7 +15,7 @@ from lmforge.cli.common import (
     add_common,
     add_input_errors,
     add_training_flags,
-    apply_threads,
+    apply_runtime,
     fraction,
     input_lines,
     non_negative_float,
@@ -31,7 +31,7 @@ def run_finetune(args) -> int:
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import FinetuneArgs, finetune
 
-    apply_threads(args)
+    apply_runtime(args)
     if args.overrides and not args.config:
         raise LmforgeError(f"{args.overrides[0]}: KEY=VALUE overrides need --config RECIPE.yaml")
     recipe = load_recipe(args.config, args.overrides, {"train": TrainConfig, "finetune": FinetuneArgs}) \
@@ -59,11 +59,12 @@ def run_finetune(args) -> int:
 def run_evaluate(args) -> int:
     from lmforge import load
     from lmforge.data.tasks import read_task
+    from lmforge.interop.directories import finetuned_info
     from lmforge.models.interfaces import generates_text
     from lmforge.train.scores import format_report
-    from lmforge.workflows.finetune import evaluate_model, load_finetuned
+    from lmforge.workflows.finetune import evaluate_model
 
-    apply_threads(args)
+    apply_runtime(args)
     model, tok = load(args.model, device=args.device)
     if generates_text(model) and "Classification" not in type(model).__name__:  # a language model: perplexity
         from lmforge.files import read_text_utf8
@@ -77,7 +78,9 @@ def run_evaluate(args) -> int:
               f"character over {report['characters']:,} characters", file=sys.stderr)
         print(json.dumps({"model": args.model, "data": args.data, **report}))
         return 0
-    model, tok, info = load_finetuned(args.model, args.device)
+    if tok is None:
+        raise LmforgeError(f"{args.model}: no tokenizer (tokenizer.json or vocab.txt)")
+    info = finetuned_info(args.model, model)  # the model is loaded once, whichever kind it is
     examples = read_task(info["task"], args.data)
     max_len = min(int(info.get("max_len") or 512), model.config.max_positions)
     report = evaluate_model(model, tok, info["task"], info["labels"], examples, max_len, args.batch_size,
@@ -90,7 +93,7 @@ def run_evaluate(args) -> int:
 def run_predict(args) -> int:
     from lmforge.workflows.finetune import load_finetuned, predict_lines
 
-    apply_threads(args)
+    apply_runtime(args)
     model, tok, info = load_finetuned(args.model, args.device)
     if not args.text and sys.stdin.isatty():
         print("lmforge predict: reading lines from standard input (Ctrl-D ends)", file=sys.stderr)

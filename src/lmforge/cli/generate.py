@@ -27,7 +27,7 @@ import time
 from lmforge.cli.common import (
     add_common,
     add_input_errors,
-    apply_threads,
+    apply_runtime,
     input_lines,
     non_negative_float,
     non_negative_int,
@@ -46,7 +46,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from lmforge.generation.text import TextStream, cut_at_stop, fit_window, prompt_ids
     from lmforge.models.interfaces import generates_text, is_encoder_decoder
 
-    apply_threads(args)
+    apply_runtime(args)
     model, tokenizer = load(args.model, device=args.device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer file (tokenizer.json)")

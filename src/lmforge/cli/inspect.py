@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import add_common, add_input_errors, apply_threads, input_lines, non_negative_int, positive_int
+from lmforge.cli.common import add_common, add_input_errors, apply_runtime, input_lines, non_negative_int, positive_int
 from lmforge.errors import LmforgeError
 
 
@@ -38,7 +38,7 @@ def display_name(model_dir: str) -> str:
 def _load(args: argparse.Namespace):
     from lmforge import load
 
-    apply_threads(args)
+    apply_runtime(args)
     path = args.model
     model, tokenizer = load(path, device=args.device)
     if tokenizer is None:

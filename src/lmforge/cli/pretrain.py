@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import add_common, add_training_flags, apply_threads, training_shortcuts
+from lmforge.cli.common import add_common, add_training_flags, apply_runtime, training_shortcuts
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
@@ -18,7 +18,7 @@ def run_pretrain(args: argparse.Namespace) -> int:
     from lmforge.train.config import TrainConfig, load_recipe
     from lmforge.workflows.pretrain import DataSection, pretrain
 
-    apply_threads(args)
+    apply_runtime(args)
     schemas = {"train": TrainConfig, "data": DataSection, "tokenizer": dict}  # overrides may add keys there
     recipe = load_recipe(args.config, [*args.overrides, *training_shortcuts(args)], schemas)
     if args.print_config:

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import add_common, add_input_errors, apply_threads, input_lines, positive_int
+from lmforge.cli.common import add_common, add_input_errors, apply_runtime, input_lines, positive_int
 
 
 def run_translate(args: argparse.Namespace) -> int:
@@ -29,7 +29,7 @@ def run_translate(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--align: {args.align} must end in .png, .pdf or .svg")
     if args.out and Path(args.out).is_dir():
         raise LmforgeError(f"--out: {args.out} is a directory; give a file for the translations")
-    apply_threads(args)
+    apply_runtime(args)
     model, tokenizer = load(args.model, device=args.device)
     if not is_encoder_decoder(model):
         raise LmforgeError(f"--model: {args.model}: a {type(model).__name__} model is not an encoder-decoder")

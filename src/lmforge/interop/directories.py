@@ -192,15 +192,26 @@ def load_finetuned(path: str | Path, device: str | None = None,
         model, tok = load(folder, verify=False)  # verified above
         if tok is None:
             raise LmforgeError(f"{folder}: no tokenizer (tokenizer.json or vocab.txt)")
-        data = read_json(folder / "config.json")
-        kind = type(model).__name__
-        if "Classification" not in kind:
-            raise LmforgeError(f"{folder}: the {kind} in it has no classification head; fine-tune it first "
-                               "(lmforge finetune --model DIR ...)")
-        id2label = data.get("id2label") or {}
-        names = data.get("labels") or [id2label.get(str(i), f"LABEL_{i}") for i in range(model.num_labels)]
-        info = {"task": "seq-cls" if "Sequence" in kind else "token-cls", "labels": list(names),
-                "max_len": model.config.max_positions}
+        info = finetuned_info(folder, model)
     if device is not None:
         model.to(device)
     return model.eval(), tok, info
+
+
+def finetuned_info(path: str | Path, model: nn.Module) -> dict[str, Any]:
+    """Task, label names and max_len of a fine-tuned directory whose ``model`` is already loaded: from
+    adapter_config.json, else from config.json (lmforge's ``labels`` or Hugging Face's ``id2label``)."""
+    from lmforge.models.config import read_json
+
+    folder = Path(path)
+    if (folder / ADAPTER_CONFIG).is_file():
+        return read_json(folder / ADAPTER_CONFIG)
+    kind = type(model).__name__
+    if "Classification" not in kind:
+        raise LmforgeError(f"{folder}: the {kind} in it has no classification head; fine-tune it first "
+                           "(lmforge finetune --model DIR ...)")
+    data = read_json(folder / "config.json")
+    id2label = data.get("id2label") or {}
+    names = data.get("labels") or [id2label.get(str(i), f"LABEL_{i}") for i in range(model.num_labels)]
+    return {"task": "seq-cls" if "Sequence" in kind else "token-cls", "labels": list(names),
+            "max_len": model.config.max_positions}
