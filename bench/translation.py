@@ -30,18 +30,18 @@ import torch
 import lmforge
 from lmforge.data import sources
 from lmforge.models import count_parameters
-from lmforge.train.config import TrainConfig, load_recipe
+from lmforge.schema import load_recipe
 from lmforge.train.optim import build_optimizer
 from lmforge.viz.plots import plot_loss_curves
-from lmforge.workflows.pretrain import DataSection, build_source, expand_files
+from lmforge.workflows.pretrain import build_source, expand_files
+from lmforge.workflows.pretrain_args import PRETRAIN
 from lmforge.workflows.translate import alignment, evaluate_translation, plot_alignment
 
 
 def training_setup(run: Path):
     """A freshly initialised copy of the run's model, its optimizer and its batch source."""
-    recipe = load_recipe(run / "config.yaml", [])
-    data = DataSection.from_dict(recipe["data"])
-    config = TrainConfig.from_dict(recipe["train"])
+    recipe = load_recipe(PRETRAIN, run / "config.yaml")
+    data, config = recipe["data"], recipe["train"]
     model, tokenizer = lmforge.load(run / "model")
     for p in model.parameters():  # new weights: the step cost does not depend on them
         torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.zeros_(p)

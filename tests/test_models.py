@@ -46,7 +46,7 @@ def test_config_round_trips_through_config_json(tmp_path, name):
 
 
 def test_config_errors_name_the_field(tmp_path):
-    with pytest.raises(LmforgeError, match=r"unknown DecoderConfig field.*n_embd"):
+    with pytest.raises(LmforgeError, match=r"n_embd: unknown key; did you mean n_heads\?"):
         DecoderConfig.from_dict({"vocab_size": 10, "n_embd": 4})
     with pytest.raises(LmforgeError, match="d_model=10 is not divisible by n_heads=4"):
         get_preset("bert-tiny", d_model=10)

@@ -204,8 +204,10 @@ def test_modern_parameters_and_zero_init():
 
 
 def test_bad_switches_are_refused():
-    for bad, match in [(dict(norm="batchnorm"), "norm must be"), (dict(positions="alibi"), "positions must be"),
-                       (dict(activation="tanh"), "activation must be"), (dict(logit_softcap=0.0), "logit_softcap"),
+    for bad, match in [(dict(norm="batchnorm"), "norm: expected one of layernorm, rmsnorm"),
+                       (dict(positions="alibi"), "positions: expected one of learned, rotary"),
+                       (dict(activation="tanh"), "activation: expected one of"),
+                       (dict(logit_softcap=0.0), "logit_softcap"),
                        (dict(positions="rotary", d_model=12, n_heads=4), "even head width")]:
         with pytest.raises(LmforgeError, match=match):
             tiny(**bad)

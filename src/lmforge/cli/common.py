@@ -1,23 +1,24 @@
-"""What every command shares: one-line usage errors, checked numbers, ``--device``/``--threads``/``--quiet``
-spelled the same everywhere, and input lines read with one UTF-8 rule.
+"""What every command shares: one-line usage errors, flags derived from the settings schema, ``--quiet``, and
+input lines read with one UTF-8 rule.
 
-Nothing here imports torch at module level: the parser is built from these helpers before any command runs.
-
-    >>> positive_int("3"), fraction("0.1"), probability("1")
-    (3, 0.1, 1.0)
-    >>> positive_int("0")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 1, got '0'
-"""
+A command declares its settings once (``Settings``: the sections, which become flags); ``add_settings`` derives
+the flags from the dataclass fields (type, choices, range, help, default), and ``resolve_settings`` merges
+defaults < ``--config FILE.yaml`` < KEY=VALUE < flags through the schema's one checker (``lmforge.schema``).
+Nothing here imports torch: the parser is built from these helpers before any command runs."""
 
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import sys
-from collections.abc import Iterator
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from lmforge.errors import LmforgeError
+from lmforge.schema import Recipe, Text, check_range, default_values, find_recipe, parse, read_yaml, split_override
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,99 +33,121 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _number(kind: type, text: str, ok, rule: str):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
-    if (isinstance(value, float) and not math.isfinite(value)) or not ok(value):
-        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-    return value
+@dataclass(frozen=True)
+class Settings:
+    """What a command reads: the sections of its settings (an ``lmforge.schema.Recipe``) and which become flags.
 
-
-def positive_int(text: str) -> int:
-    return _number(int, text, lambda v: v >= 1, "an integer >= 1")
-
-
-def non_negative_int(text: str) -> int:
-    return _number(int, text, lambda v: v >= 0, "an integer >= 0")
-
-
-def positive_float(text: str) -> float:
-    return _number(float, text, lambda v: v > 0, "a number > 0")
-
-
-def non_negative_float(text: str) -> float:
-    return _number(float, text, lambda v: v >= 0, "a number >= 0")
-
-
-def fraction(text: str) -> float:
-    """A share in [0, 1): of documents held out, of steps spent warming up, of units dropped."""
-    return _number(float, text, lambda v: 0 <= v < 1, "a number in [0, 1)")
-
-
-def probability(text: str) -> float:
-    """A probability mass in (0, 1] (top-p, confidence)."""
-    return _number(float, text, lambda v: 0 < v <= 1, "a number in (0, 1]")
-
-
-def add_common(p: argparse.ArgumentParser, device: str | None = None, threads: bool = True,
-               device_help: str = "") -> None:
-    """``--quiet`` on every command; ``--device`` (default ``device``) and ``--threads`` where a model runs.
-
-    ``device=None`` leaves ``--device`` out (commands that load no model).
+    flags: the sections whose fields are flags (``--lr`` for ``train.lr``); every section is also settable
+        from ``--config FILE.yaml`` and, with ``overrides``, as KEY=VALUE arguments.
+    defaults: this command's own default for a key (``{"decode.beams": 4}`` for translate).
+    exclude: keys left out of the flags (``runtime.device`` where the recipe's ``train.device`` decides).
     """
+
+    recipe: Recipe
+    flags: tuple[str, ...] = ()
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    exclude: tuple[str, ...] = ()
+    overrides: bool = False
+
+
+def add_settings(p: argparse.ArgumentParser, settings: Settings) -> None:
+    """Flags derived from the settings' fields, plus ``--config`` and ``--print-config`` (and KEY=VALUE)."""
+    p.add_argument("--config", metavar="YAML", help="settings from a YAML file of sections (" +
+                   ", ".join(f"{name}:" for name in settings.recipe.sections) + "); flags win over it")
+    p.add_argument("--print-config", action="store_true", help="print the resolved settings as YAML and exit")
+    if settings.overrides:
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="any setting as SECTION.KEY=VALUE, e.g. train.lr=1e-3 (see --print-config)")
+    taken: dict[str, str] = {}
+    for section in settings.flags:
+        schema = settings.recipe.sections[section]
+        group = p.add_argument_group(f"{section} settings")
+        types_ = typing.get_type_hints(schema)
+        for f in dataclasses.fields(schema):
+            key = f"{section}.{f.name}"
+            if not f.metadata.get("flag", True) or key in settings.exclude:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if flag in taken:
+                raise ValueError(f"{flag} is both {taken[flag]} and {key}: exclude one")  # a bug, caught by a test
+            taken[flag] = key
+            default = settings.defaults.get(key, default_values(schema).get(f.name))
+            add_flag(group, flag, key, f, types_[f.name], default)
+    p.set_defaults(schema=settings)
+
+
+def add_flag(group, flag: str, key: str, f: dataclasses.Field, hint: Any, default: Any) -> None:
+    """One flag for one field: its type, choices and range checked by the schema's checker as argparse reads it."""
+    meta = f.metadata
+    names = [flag, meta["short"]] if meta.get("short") else [flag]
+    help_ = meta.get("help", "")
+    if default is not None and default != [] and not isinstance(default, bool):
+        help_ += f" (default {default})"
+    base = _without_none(hint)
+    options: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS, "help": help_.replace("%", "%%")}
+    if base is bool:
+        group.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
+        return
+    origin, args = typing.get_origin(base), typing.get_args(base)
+    if origin in (typing.Union, types.UnionType) and bool in args:  # --compile (true), --compile auto / false
+        options.update(nargs="?", const=True)
+    if origin is list and args[0] is str:  # strings may hold commas and spaces: one a flag (--stop A --stop B)
+        options.update(action="append", type=_checked(str, key, None))
+    else:  # one value; numbers as a list or pair: --mix-weights 0,1,0   --betas 0.9,0.95
+        options["type"] = _checked(hint, key, meta)
+        if origin is Literal:
+            options["choices"] = [a for a in args if a is not None]
+    options["metavar"] = meta.get("metavar") or (None if "choices" in options else f.name.upper())
+    group.add_argument(*names, **options)
+
+
+def _without_none(hint: Any) -> Any:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0] if len(rest) == 1 else hint
+    return hint
+
+
+def _checked(hint: Any, key: str, meta: Mapping[str, Any] | None):
+    """An argparse ``type``: the schema's parse and range check, its message without the key (argparse names
+    the flag: ``argument --top-k: must be >= 1, got 0``)."""
+    def convert(text: str) -> Any:
+        try:
+            value = parse(Text(text), hint, key)
+            if meta is not None:
+                check_range(value, meta, key)
+        except LmforgeError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix(f"{key}: ")) from None
+        return value
+
+    convert.__name__ = getattr(_without_none(hint), "__name__", "value")
+    return convert
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's settings: its defaults < ``--config`` < KEY=VALUE < flags, each checked by the schema."""
+    settings: Settings = args.schema
+    raw: dict[str, dict[str, Any]] = {}
+    for key, value in settings.defaults.items():
+        section, name = key.split(".")
+        raw.setdefault(section, {})[name] = value
+    if args.config:
+        for section, values in read_yaml(find_recipe(args.config)).items():
+            raw.setdefault(section, {}).update(values)
+    for item in getattr(args, "overrides", None) or []:
+        section, name, value = split_override(item)
+        raw.setdefault(section, {})[name] = value
+    for dest, value in vars(args).items():
+        if "." in dest:
+            section, name = dest.split(".", 1)
+            raw.setdefault(section, {})[name] = value
+    return settings.recipe.resolve(raw)
+
+
+def add_quiet(p: argparse.ArgumentParser) -> None:
+    """``--quiet`` on every command: no progress or logs on standard error (errors still show)."""
     p.add_argument("--quiet", action="store_true", help="no progress or logs on standard error (errors still show)")
-    if device is not None:
-        p.add_argument("--device", default=device, metavar="DEV",
-                       help=device_help or f"cpu | cuda | cuda:N | mps | auto (default {device})")
-    if device is not None and threads:
-        p.add_argument("--threads", type=positive_int, default=0, metavar="N",
-                       help="torch CPU threads (default: torch's)")
-    if device is not None:
-        p.add_argument("--no-verify", action="store_true",
-                       help="skip the sha256 check of model and checkpoint files (huge models)")
-
-
-def training_shortcuts(args: argparse.Namespace) -> list[str]:
-    """--device / --precision / --compile as the recipe overrides they stand for (a flag wins over the recipe)."""
-    out = [f"train.device={args.device}"] if args.device else []
-    out += [f"train.precision={args.precision}"] if args.precision else []
-    out += ["train.compile=true"] if args.compile else []
-    return out
-
-
-def add_training_flags(p: argparse.ArgumentParser, section: str = "train") -> None:
-    """The flags users of transformers and nanoGPT reach for, as shortcuts of the recipe's keys."""
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
-                   help=f"autocast precision ({section}.precision; auto: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--compile", action="store_true", default=None, help=f"torch.compile the model ({section}.compile)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved recipe as YAML and exit")
-
-
-def add_input_errors(p: argparse.ArgumentParser) -> None:
-    """``--errors``: what to do with invalid UTF-8 in the input (files and standard input alike)."""
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="invalid UTF-8: stop with the line and byte offset (default), or replace the bad bytes "
-                   "by U+FFFD")
-
-
-def apply_runtime(args: argparse.Namespace) -> None:
-    """Set torch's CPU threads (``--threads N``), check ``--device`` before any work (imports torch), and turn
-    checksum verification off for ``--no-verify``."""
-    if getattr(args, "no_verify", False):
-        from lmforge.manifest import set_verify
-
-        set_verify(False)
-    if getattr(args, "threads", 0):
-        import torch
-
-        torch.set_num_threads(args.threads)
-    if getattr(args, "device", None) not in (None, "auto"):
-        from lmforge.nn.device import resolve_device
-
-        resolve_device(args.device, "--device")
-
 
 
 def input_lines(given: list[str] | str | None, skip_blank: bool = False, errors: str = "strict") -> Iterator[str]:

@@ -14,7 +14,11 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import add_common, apply_runtime
+from lmforge.cli.common import Settings, add_quiet, add_settings
+from lmforge.schema import Recipe
+from lmforge.workflows.options import Runtime
+
+SETTINGS = Settings(Recipe({"runtime": Runtime}), flags=("runtime",))
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -22,7 +26,6 @@ def run_convert(args: argparse.Namespace) -> int:
     from lmforge.models.registry import count_parameters, load_pretrained
     from lmforge.outputs import RECORD_NAME, claim_output, record_output
 
-    apply_runtime(args)
     source = Path(args.from_hf or args.to_hf or args.to_peft or args.merge)
     to = "lmforge" if args.from_hf else "hf" if args.to_hf else "peft" if args.to_peft else "merged"
     identity = {"source": str(source.resolve()), "to": to}
@@ -61,5 +64,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--merge", metavar="DIR", help="a LoRA output -> one plain model directory (LoRA folded in)")
     p.add_argument("--out", metavar="DIR", required=True, help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace a different model (or other output) in --out")
-    add_common(p)
+    add_settings(p, SETTINGS)
+    add_quiet(p)
     p.set_defaults(handler=run_convert)

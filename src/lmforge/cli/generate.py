@@ -24,17 +24,13 @@ import json
 import sys
 import time
 
-from lmforge.cli.common import (
-    add_common,
-    add_input_errors,
-    apply_runtime,
-    input_lines,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    probability,
-)
+from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
+from lmforge.generation.options import GenerateOptions
+from lmforge.schema import Recipe
+from lmforge.workflows.options import Runtime, TextInput
+
+SETTINGS = Settings(Recipe({"generate": GenerateOptions, "input": TextInput, "runtime": Runtime}),
+                    flags=("generate", "input", "runtime"))
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -46,46 +42,38 @@ def run_generate(args: argparse.Namespace) -> int:
     from lmforge.generation.text import TextStream, cut_at_stop, fit_window, prompt_ids
     from lmforge.models.interfaces import generates_text, is_encoder_decoder
 
-    apply_runtime(args)
-    model, tokenizer = load(args.model, device=args.device)
+    opts: GenerateOptions = args.settings["generate"]
+    model, tokenizer = load(args.model, device=args.settings["runtime"].device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer file (tokenizer.json)")
     if not generates_text(model):  # an encoder cannot generate
         raise LmforgeError(f"--model: {args.model}: a {type(model).__name__} model does not generate text "
                            "(it is neither a decoder nor an encoder-decoder)")
     config = model.config
-    if args.beams > 1 and (args.stop or args.repetition_penalty != 1.0):
-        raise LmforgeError("--beams: beam search ends on stop tokens and takes no repetition penalty; "
-                           "--stop and --repetition-penalty go with greedy decoding or sampling")
-    temperature = args.temperature
-    if temperature is None:  # top-k / top-p filter a distribution to sample from: they imply sampling
-        temperature = 1.0 if (args.top_k or args.top_p) else 0.0
-    elif temperature == 0 and (args.top_k or args.top_p):
+    if opts.temperature == 0 and (opts.top_k or opts.top_p):
         print("lmforge generate: --temperature 0 is greedy decoding: --top-k / --top-p have no effect",
               file=sys.stderr)
-    options = dict(max_new_tokens=args.max_new_tokens, temperature=temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, compile=args.compile,
-                   repetition_penalty=args.repetition_penalty, stop_strings=args.stop, tokenizer=tokenizer)
+    options = {**opts.sampling(), "tokenizer": tokenizer}
     device = next(model.parameters()).device
     total_tokens, start = 0, time.perf_counter()
-    prompts = [args.prompt] if args.prompt is not None else input_lines(None, errors=args.errors)
+    prompts = [args.prompt] if args.prompt is not None else input_lines(None, errors=args.settings["input"].errors)
     if args.json:  # batches of prompts, left-padded, one JSON object per prompt
         prompts = list(prompts)
-        for first in range(0, len(prompts), args.batch_size):
-            chunk = prompts[first:first + args.batch_size]
+        for first in range(0, len(prompts), opts.batch_size):
+            chunk = prompts[first:first + opts.batch_size]
             encoded = [prompt_ids(model, tokenizer, p) for p in chunk]
             if not is_encoder_decoder(model):  # each row's window holds its prompt + the new tokens
-                fitted = [fit_window(ids, args.max_new_tokens, config.max_positions) for ids in encoded]
+                fitted = [fit_window(ids, opts.max_new_tokens, config.max_positions) for ids in encoded]
                 encoded, options["max_new_tokens"] = [f[0] for f in fitted], fitted[0][1]
                 for n, (*_, note) in enumerate(fitted, first + 1):
                     if note:
                         print(f"lmforge generate: prompt {n}: {note}", file=sys.stderr)
             ids, mask = pad_prompts(encoded, config.pad_id or 0, device)
-            out = generate(model, ids, mask, beams=args.beams, length_penalty=args.length_penalty, **options)
+            out = generate(model, ids, mask, beams=opts.beams, length_penalty=opts.length_penalty, **options)
             for prompt, new in zip(chunk, out.to_lists(), strict=True):
                 text = tokenizer.decode(new, skip_special_tokens=True)
-                cut = cut_at_stop(text, args.stop or [])
-                by_string = cut != text or any(map(cut.endswith, args.stop or []))
+                cut = cut_at_stop(text, opts.stop or [])
+                by_string = cut != text or any(map(cut.endswith, opts.stop or []))
                 stopped = (bool(new) and new[-1] == config.eos_id) or by_string
                 print(json.dumps({"prompt": prompt, "text": cut,
                                   "ids": new, "new_tokens": len(new), "stopped": stopped}, ensure_ascii=False),
@@ -93,19 +81,19 @@ def run_generate(args: argparse.Namespace) -> int:
                 total_tokens += len(new)
         prompts = []
     for prompt in prompts:
-        ids, n_new = prompt_ids(model, tokenizer, prompt), args.max_new_tokens
+        ids, n_new = prompt_ids(model, tokenizer, prompt), opts.max_new_tokens
         if not is_encoder_decoder(model):  # a decoder's window holds prompt + new tokens: keep the prompt's tail
             ids, n_new, note = fit_window(ids, n_new, config.max_positions)
             if note:
                 print(f"lmforge generate: {note}", file=sys.stderr)
         options["max_new_tokens"] = n_new
         input_ids = torch.tensor([ids], device=device)
-        if args.beams > 1:  # the best hypothesis is known only at the end
-            out = generate(model, input_ids, beams=args.beams, length_penalty=args.length_penalty, **options)
+        if opts.beams > 1:  # the best hypothesis is known only at the end
+            out = generate(model, input_ids, beams=opts.beams, length_penalty=opts.length_penalty, **options)
             new = out.to_lists()[0]
-            print(cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), args.stop or []), flush=True)
+            print(cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), opts.stop or []), flush=True)
         else:
-            text_stream = TextStream(tokenizer, stops=args.stop or [])
+            text_stream = TextStream(tokenizer, stops=opts.stop or [])
             for tokens in stream(model, input_ids, **options):
                 text_stream.add(int(tokens[0]))
             text_stream.close()
@@ -122,27 +110,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="DIR", required=True, help="model directory (lmforge or Hugging Face GPT-2)")
     p.add_argument("--prompt", metavar="TEXT", help="the prompt (default: one prompt per line of standard input)")
-    p.add_argument("--max-new-tokens", type=non_negative_int, default=50, metavar="N",
-                   help="most tokens to add (default 50)")
-    p.add_argument("--temperature", type=non_negative_float, metavar="T",
-                   help="0 = greedy; > 0 samples from softmax(logits / T) (default 0, or 1 when --top-k or "
-                   "--top-p is given)")
-    p.add_argument("--top-k", type=positive_int, metavar="K", help="sample among the K most likely tokens only")
-    p.add_argument("--top-p", type=probability, metavar="P", help="sample among the smallest set with probability >= P")
-    p.add_argument("--beams", type=positive_int, default=1, metavar="B",
-                   help="beam search with B beams (default 1: off)")
-    p.add_argument("--length-penalty", type=float, default=1.0, metavar="L",
-                   help="beam score = log p / length**L (default 1.0)")
-    p.add_argument("--stop", action="append", metavar="STRING",
-                   help="end the text once it holds STRING (kept; repeatable; not with --beams)")
-    p.add_argument("--repetition-penalty", type=positive_float, default=1.0, metavar="R",
-                   help="> 1 makes tokens already in the text less likely (CTRL; default 1: off)")
-    p.add_argument("--seed", type=int, metavar="S", help="random seed: the same seed gives the same sample")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="one compiled fixed-shape step per token (CUDA graphs on a GPU); default: on for CUDA")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of streamed text")
-    p.add_argument("--batch-size", type=positive_int, default=8, metavar="N",
-                   help="with --json: prompts generated together, left-padded (default 8)")
-    add_input_errors(p)
-    add_common(p, device="cpu")
+    add_settings(p, SETTINGS)
+    add_quiet(p)
     p.set_defaults(handler=run_generate)

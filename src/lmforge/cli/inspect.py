@@ -21,8 +21,15 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import add_common, add_input_errors, apply_runtime, input_lines, non_negative_int, positive_int
+from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
 from lmforge.errors import LmforgeError
+from lmforge.schema import Recipe
+from lmforge.workflows.options import AttentionOptions, EmbedOptions, Runtime, TextInput
+
+ATTENTION = Settings(Recipe({"attention": AttentionOptions, "input": TextInput, "runtime": Runtime}),
+                     flags=("attention", "input", "runtime"))
+EMBED = Settings(Recipe({"embed": EmbedOptions, "input": TextInput, "runtime": Runtime}),
+                 flags=("embed", "input", "runtime"))
 
 
 def _out_for(out: Path, n: int, total: int) -> Path:
@@ -38,9 +45,8 @@ def display_name(model_dir: str) -> str:
 def _load(args: argparse.Namespace):
     from lmforge import load
 
-    apply_runtime(args)
     path = args.model
-    model, tokenizer = load(path, device=args.device)
+    model, tokenizer = load(path, device=args.settings["runtime"].device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {path} has no tokenizer file (tokenizer.json or vocab.txt)")
     return model, tokenizer
@@ -52,30 +58,31 @@ def run_attention(args: argparse.Namespace) -> int:
     from lmforge.viz.explorer import write_attention_page
     from lmforge.workflows.inspect import attention_maps, attention_rollout
 
+    opts: AttentionOptions = args.settings["attention"]
     out = Path(args.out)
     kind = out.suffix.lower()
     if kind not in (".png", ".html"):
         raise LmforgeError(f"--out: {out} must end in .png or .html")
-    if args.rollout and kind != ".png":
+    if opts.rollout and kind != ".png":
         raise LmforgeError("--rollout draws a PNG: give --out FILE.png")
-    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.settings["input"].errors))
     if not texts:
         raise LmforgeError("--text: no text given (argument or standard input)")
     model, tokenizer = _load(args)
-    name = args.name or display_name(args.model)
+    name = opts.name or display_name(args.model)
     for n, text in enumerate(texts, 1):
         maps = attention_maps(model, tokenizer, text, target=args.target)
         path = _out_for(out, n, len(texts))
-        view = maps.view(args.view)
+        view = maps.view(opts.view)
         if kind == ".html":
-            write_attention_page(maps, path, model_name=name, view=args.view, layer=args.layer, head=args.head)
-        elif args.rollout:
+            write_attention_page(maps, path, model_name=name, view=opts.view, layer=opts.layer, head=opts.head)
+        elif opts.rollout:
             if view.name == "cross":
                 raise LmforgeError("--rollout: cross-attention has no rollout; choose --view encoder or decoder")
             plot_rollout(view.queries, attention_rollout(view.weights), path,
                          title=f"attention rollout, {name}, {view.label}")
         else:
-            plot_attention(view, path, args.layer, args.head, title=f"{name}: {view.label}")
+            plot_attention(view, path, opts.layer, opts.head, title=f"{name}: {view.label}")
             others = [v for v in maps.views if v != view.name]
             if others and n == 1:
                 print(f"lmforge: drew the {view.name} view; --view {' | '.join(others)} draws the others",
@@ -87,48 +94,38 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 # -- lmforge embed ----------------------------------------------------------------------------------------
-def _mix_weights(text: str | None) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        return [float(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise LmforgeError(f"--mix-weights: expected numbers separated by commas, got {text!r}") from None
-
-
 def run_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from lmforge.workflows.embed import analogy, embed, most_similar, rank_texts, text_analogy
 
-    if args.mix_weights is not None and not args.mix:
-        raise LmforgeError("--mix-weights needs --mix")
+    opts: EmbedOptions = args.settings["embed"]
     model, tokenizer = _load(args)
     if args.similar is not None:
-        for token, cos in most_similar(model, tokenizer, args.similar, args.k, subwords=args.subwords):
+        for token, cos in most_similar(model, tokenizer, args.similar, opts.k, subwords=opts.subwords):
             print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
         return 0
     if args.analogy is not None and args.text:  # over the TEXT arguments' contextual embeddings
         a, b, c = args.analogy
-        found = text_analogy(model, tokenizer, a, b, c, args.text, args.k, layer=args.layer, mix=args.mix,
-                             mix_weights=_mix_weights(args.mix_weights), gamma=args.gamma, pooling=args.pooling,
-                             exclude_special=args.exclude_special, batch_size=args.batch_size)
+        found = text_analogy(model, tokenizer, a, b, c, args.text, opts.k, layer=opts.layer, mix=opts.mix,
+                             mix_weights=opts.mix_weights, gamma=opts.gamma, pooling=opts.pooling,
+                             exclude_special=opts.exclude_special, batch_size=opts.batch_size)
         for text, cos in found:
             print(json.dumps({"text": text, "cosine": round(cos, 4)}, ensure_ascii=False))
         return 0
     if args.analogy is not None:
         a, b, c = args.analogy
-        for token, cos in analogy(model, tokenizer, a, b, c, args.k, subwords=args.subwords):
+        for token, cos in analogy(model, tokenizer, a, b, c, opts.k, subwords=opts.subwords):
             print(json.dumps({"token": token, "cosine": round(cos, 4)}, ensure_ascii=False))
         return 0
-    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.settings["input"].errors))
     if not texts:
         raise LmforgeError("TEXT: no text given (arguments or standard input)")
-    options = dict(layer=args.layer, mix=args.mix, mix_weights=_mix_weights(args.mix_weights), gamma=args.gamma,
-                   pooling=args.pooling, exclude_special=args.exclude_special, batch_size=args.batch_size)
+    options = dict(layer=opts.layer, mix=opts.mix, mix_weights=opts.mix_weights, gamma=opts.gamma,
+                   pooling=opts.pooling, exclude_special=opts.exclude_special, batch_size=opts.batch_size)
     if args.query is not None:
         vectors = embed(model, tokenizer, [args.query, *texts], **options)  # (1 + N, D)
-        for row, cos in rank_texts(vectors[0], vectors[1:], args.k):
+        for row, cos in rank_texts(vectors[0], vectors[1:], opts.k):
             print(json.dumps({"text": texts[row], "cosine": round(cos, 4)}, ensure_ascii=False))
         return 0
     vectors = embed(model, tokenizer, texts, **options)  # (N, D)
@@ -146,8 +143,8 @@ def run_embed(args: argparse.Namespace) -> int:
                 f.write(json.dumps({"text": text, "embedding": [float(x) for x in v]}, ensure_ascii=False) + "\n")
     else:
         raise LmforgeError(f"--out: {out} must end in .npy or .jsonl")
-    where = "mix" if args.mix else ("last" if args.layer is None else args.layer)
-    print(json.dumps({"out": str(out), "shape": list(vectors.shape), "layer": where, "pooling": args.pooling}))
+    where = "mix" if opts.mix else ("last" if opts.layer is None else opts.layer)
+    print(json.dumps({"out": str(out), "shape": list(vectors.shape), "layer": where, "pooling": opts.pooling}))
     return 0
 
 
@@ -158,41 +155,22 @@ def add_commands(sub) -> None:
     p.add_argument("--text", metavar="TEXT", help="the text (default: one text per line of standard input)")
     p.add_argument("--out", metavar="FILE", required=True,
                    help="FILE.png (heatmaps) or FILE.html (explorer); several texts give FILE-1, FILE-2, ...")
-    p.add_argument("--layer", type=int, metavar="L", help="PNG: only layer L (0 = first); HTML: the layer shown first")
-    p.add_argument("--head", type=non_negative_int, metavar="H",
-                   help="PNG: only head H (with --layer: one large heatmap); HTML: the head shown first")
-    p.add_argument("--view", choices=["encoder", "decoder", "cross"],
-                   help="encoder-decoder: the attention drawn in the PNG / shown first in the HTML (default encoder)")
     p.add_argument("--target", metavar="TEXT",
                    help="encoder-decoder: the decoder's text (default: the model's own greedy output)")
-    p.add_argument("--rollout", action="store_true", help="PNG of the attention rollout across layers")
-    p.add_argument("--name", metavar="NAME", help="model name shown in titles (default: the directory's name)")
-    add_input_errors(p)
-    add_common(p, device="cpu")
+    add_settings(p, ATTENTION)
+    add_quiet(p)
     p.set_defaults(handler=run_attention)
 
     p = sub.add_parser("embed", help="sentence embeddings (.npy / JSON lines); similar words and analogies",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="DIR", required=True, help="model directory (lmforge or Hugging Face)")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--layer", type=int, metavar="L",
-                       help="hidden state L (0 = embeddings, -1 = last; default: last)")
-    which.add_argument("--mix", action="store_true", help="ELMo scalar mix of all layers (uniform by default)")
-    p.add_argument("--mix-weights", metavar="W,W,...", help="with --mix: one weight per hidden state, normalised")
-    p.add_argument("--gamma", type=float, default=1.0, help="with --mix: scale of the mix (default 1)")
-    p.add_argument("--pooling", choices=["mean", "cls", "last"], default="mean",
-                   help="mean over real tokens (default), the first token, or the last real token")
-    p.add_argument("--exclude-special", action="store_true", help="leave [CLS], [SEP], ... out of the mean")
-    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N")
     p.add_argument("--out", metavar="FILE", help="FILE.npy (N, D) or FILE.jsonl; default: JSON lines on stdout")
     p.add_argument("--query", metavar="TEXT", help="rank the texts by cosine to this one instead")
     p.add_argument("--similar", metavar="WORD", help="nearest vocabulary entries to WORD's input embedding")
     p.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),
                    help="A is to B as C is to ?: B - A + C over input embeddings (words), or with TEXT arguments "
                    "over their sentence embeddings")
-    p.add_argument("-k", type=positive_int, default=10, help="how many neighbours or texts to list (default 10)")
-    p.add_argument("--subwords", action="store_true", help="also return ## continuation pieces as neighbours")
-    add_input_errors(p)
-    add_common(p, device="cpu")
+    add_settings(p, EMBED)
+    add_quiet(p)
     p.add_argument("text", nargs="*", metavar="TEXT")
     p.set_defaults(handler=run_embed)

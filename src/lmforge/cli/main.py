@@ -15,7 +15,7 @@ import io
 import sys
 
 from lmforge import __version__
-from lmforge.cli.common import Parser
+from lmforge.cli.common import Parser, resolve_settings
 from lmforge.errors import LmforgeError, Stopped
 
 # Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
@@ -37,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def print_settings(settings: dict) -> None:
+    """``--print-config``: the resolved settings as YAML, ready to be saved and passed back with --config."""
+    import yaml
+
+    from lmforge.schema import plain
+
+    print(yaml.safe_dump(plain(settings), sort_keys=False), end="")
+
+
 @contextlib.contextmanager
 def quiet_stderr(enabled: bool):
     """With --quiet, progress and logs written to standard error are dropped; errors still reach it."""
@@ -54,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with quiet_stderr(getattr(args, "quiet", False)):
+            if hasattr(args, "schema"):  # the command's settings: defaults < --config < KEY=VALUE < flags
+                args.settings = resolve_settings(args)
+                if args.print_config:
+                    print_settings(args.settings)
+                    return 0
+                if "runtime" in args.settings:
+                    args.settings["runtime"].apply()
             return int(args.handler(args) or 0)
     except LmforgeError as err:
         print(f"lmforge: error: {err}", file=sys.stderr)

@@ -1,6 +1,10 @@
 """``lmforge pretrain``: run (or resume) a YAML recipe; see ``lmforge.workflows.pretrain``.
 
-    lmforge pretrain --config configs/gpt-mini.yaml --out runs/gpt-mini train.max_steps=200
+    lmforge pretrain --config gpt-mini --out runs/gpt-mini --max-steps 200
+    lmforge pretrain --config gpt-mini model.norm=rmsnorm model.positions=rotary train.lr=1e-3
+
+Every key of the recipe (tokenizer:, data:, model:, train:) is a KEY=VALUE argument; the train: keys are also
+flags (``--lr``, ``--max-steps``, ``--precision``, ...). ``--print-config`` prints the resolved recipe.
 """
 
 from __future__ import annotations
@@ -9,24 +13,22 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import add_common, add_training_flags, apply_runtime, training_shortcuts
+from lmforge.cli.common import Settings, add_quiet, add_settings
+from lmforge.schema import Recipe
+from lmforge.workflows.options import Runtime
+from lmforge.workflows.pretrain_args import PRETRAIN
+
+SETTINGS = Settings(Recipe({**PRETRAIN.sections, "runtime": Runtime}, PRETRAIN.fixed), flags=("train", "runtime"),
+                    exclude=("runtime.device",), overrides=True)
 
 
 def run_pretrain(args: argparse.Namespace) -> int:
-    import yaml
+    from lmforge.workflows.pretrain import pretrain
 
-    from lmforge.train.config import TrainConfig, load_recipe
-    from lmforge.workflows.pretrain import DataSection, pretrain
-
-    apply_runtime(args)
-    schemas = {"train": TrainConfig, "data": DataSection, "tokenizer": dict}  # overrides may add keys there
-    recipe = load_recipe(args.config, [*args.overrides, *training_shortcuts(args)], schemas)
-    if args.print_config:
-        print(yaml.safe_dump(recipe, sort_keys=False), end="")
-        return 0
-    out = Path(args.out or recipe.get("out") or Path("runs") / Path(args.config).stem)
+    recipe = {k: v for k, v in args.settings.items() if k != "runtime"}
     if args.quiet:
-        recipe["train"]["progress"] = False
+        recipe["train"].progress = False
+    out = Path(args.out or Path("runs") / Path(args.config or "pretrain").stem)
     result, model_dir = pretrain(recipe, out)
     print(json.dumps({"out": str(out), "model": str(model_dir), "step": result.step, "loss": result.loss,
                       "eval": result.eval, "resumed_from": result.resumed_from}))
@@ -35,12 +37,11 @@ def run_pretrain(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pretrain", help="pretrain a model from a YAML recipe (clm | mlm | mlm+nsp | seq2seq | bilm)",
-                       description="Pretrain from a recipe. Pointing --out at an existing run resumes it (its "
-                                   "data, tokenizer and model sections must be the run's). Ctrl-C or SIGTERM "
-                                   "checkpoints the current step before stopping; one run at a time holds --out.")
-    p.add_argument("--config", required=True, help="recipe YAML (see configs/)")
+                       description="Pretrain from a recipe (--config FILE or the name of a packaged one: gpt-mini, "
+                                   "bert-mini, ...). Pointing --out at an existing run resumes it (its data, "
+                                   "tokenizer and model sections must be the run's). Ctrl-C or SIGTERM checkpoints "
+                                   "the current step before stopping; one run at a time holds --out.")
     p.add_argument("--out", help="run directory (default: runs/<recipe name>)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. train.max_steps=100")
-    add_training_flags(p)
-    add_common(p, device="auto", device_help="cpu | cuda | cuda:N | auto (default: the recipe's train.device)")
-    p.set_defaults(handler=run_pretrain, device=None)
+    add_settings(p, SETTINGS)
+    add_quiet(p)
+    p.set_defaults(handler=run_pretrain)

@@ -15,8 +15,14 @@ import os
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import add_common, add_input_errors, input_lines, positive_int
+from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
 from lmforge.errors import LmforgeError
+from lmforge.schema import Recipe
+from lmforge.workflows.options import EncodeOptions, TextInput
+from lmforge.workflows.pretrain_args import TokenizerSection
+
+TRAIN = Settings(Recipe({"tokenizer": TokenizerSection, "input": TextInput}), flags=("tokenizer", "input"))
+CODEC = Settings(Recipe({"encode": EncodeOptions, "input": TextInput}), flags=("encode", "input"))
 
 
 def train(args: argparse.Namespace) -> int:
@@ -24,23 +30,23 @@ def train(args: argparse.Namespace) -> int:
     from lmforge.tokenizers import KINDS
     from lmforge.tokenizers.train import read_corpus
 
-    identity = {"kind": args.kind, "vocab_size": args.vocab_size, "min_frequency": args.min_frequency,
-                "pattern": args.pattern if args.kind == "byte-bpe" else None,
-                "files": [str(Path(f).resolve()) for f in args.files]}
+    section: TokenizerSection = args.settings["tokenizer"]
+    if section.kind is None:
+        raise LmforgeError("--kind: required (bpe | byte-bpe | wordpiece)")
+    identity = {"kind": section.kind, "vocab_size": section.vocab_size, "min_frequency": section.min_frequency,
+                **section.options(), "files": [str(Path(f).resolve()) for f in args.files]}
     claim_output(args.out, "tokenizer", identity, args.overwrite)
-    texts = read_corpus(args.files, errors=args.errors)
-    cls = KINDS[args.kind]
-    options = {"workers": args.workers, "progress": not args.quiet}
-    if args.kind == "byte-bpe":
-        options["pattern"] = args.pattern
-    tok = cls.train(texts, args.vocab_size, args.min_frequency, **options)
+    texts = read_corpus(args.files, errors=args.settings["input"].errors)
+    workers = section.workers or min(4, os.cpu_count() or 1)
+    tok = KINDS[section.kind].train(texts, section.vocab_size, section.min_frequency, workers=workers,
+                                    progress=not args.quiet, **section.options())
     path = tok.save(args.out)
     record_output(args.out, "tokenizer", identity, ["tokenizer.json", "tokenizer.vocab"])
-    if tok.vocab_size < args.vocab_size:
+    if tok.vocab_size < section.vocab_size:
         print(f"lmforge tokenizer train: stopped at {tok.vocab_size} tokens, short of --vocab-size "
-              f"{args.vocab_size}: no pair of symbols occurs --min-frequency {args.min_frequency} times any more "
+              f"{section.vocab_size}: no pair of symbols occurs --min-frequency {section.min_frequency} times any more "
               "(a larger corpus or a lower --min-frequency gives more)", file=sys.stderr)
-    print(json.dumps({"kind": tok.kind, "vocab_size": tok.vocab_size, "requested_vocab_size": args.vocab_size,
+    print(json.dumps({"kind": tok.kind, "vocab_size": tok.vocab_size, "requested_vocab_size": section.vocab_size,
                       "path": str(path)}))
     return 0
 
@@ -48,12 +54,12 @@ def train(args: argparse.Namespace) -> int:
 def encode(args: argparse.Namespace) -> int:
     from lmforge.tokenizers import load_tokenizer
 
+    opts: EncodeOptions = args.settings["encode"]
     tok = load_tokenizer(args.tokenizer)
-    allow = True if args.allow_special else False if args.special_as_text else None  # None: the origin decides
-    for line in input_lines(args.text, errors=args.errors):
-        enc = tok.encode(line, add_special_tokens=not args.no_special, allow_special=allow)
+    for line in input_lines(args.text, errors=args.settings["input"].errors):  # allow_special None: by origin
+        enc = tok.encode(line, add_special_tokens=opts.special, allow_special=opts.allow_special)
         record = {"ids": enc.ids, "tokens": enc.tokens}
-        if args.offsets:
+        if opts.offsets:
             record["offsets"] = enc.offsets
         print(json.dumps(record, ensure_ascii=False))
     return 0
@@ -77,11 +83,11 @@ def decode(args: argparse.Namespace) -> int:
     from lmforge.tokenizers import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    for n, line in enumerate(input_lines(args.ids, errors=args.errors), start=1):
+    for n, line in enumerate(input_lines(args.ids, errors=args.settings["input"].errors), start=1):
         if not line.strip():
             continue
         where = "IDS" if args.ids is not None else f"<stdin> line {n}"
-        text = tok.decode(_parse_ids(line, where), skip_special_tokens=args.skip_special)
+        text = tok.decode(_parse_ids(line, where), skip_special_tokens=args.settings["encode"].skip_special)
         print(json.dumps({"text": text}, ensure_ascii=False))
     return 0
 
@@ -94,46 +100,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = commands.add_parser("train", help="learn a vocabulary from text files",
                             description="Learn a tokenizer from UTF-8 text files and save it into --out.")
-    p.add_argument("--kind", choices=["bpe", "byte-bpe", "wordpiece"], required=True)
-    p.add_argument("--vocab-size", type=positive_int, required=True, metavar="N",
-                   help="final vocabulary size, special tokens included")
-    p.add_argument("--min-frequency", type=positive_int, default=2, metavar="F",
-                   help="stop when no pair occurs F times (default 2: when none occurs more than once)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for tokenizer.json and the vocabulary")
-    p.add_argument("--pattern", choices=["gpt2", "gpt4"], default="gpt2",
-                   help="byte-bpe pre-tokenization pattern (default gpt2)")
-    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
-                   help="invalid UTF-8: stop with an error (default) or replace by U+FFFD")
-    p.add_argument("--workers", type=positive_int, default=min(4, os.cpu_count() or 1),
-                   help="processes counting words (default: up to 4)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a different tokenizer (or other output) already in --out")
-    add_common(p)
+    add_settings(p, TRAIN)
+    add_quiet(p)
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(handler=train)
 
     p = commands.add_parser("encode", help="text -> one JSON object (ids, tokens) per input line",
                             description="Encode TEXT, or standard input one line at a time.")
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="directory or tokenizer.json / vocab.txt")
-    p.add_argument("--no-special", action="store_true", help="do not add [CLS]/[SEP] or other template tokens")
-    special = p.add_mutually_exclusive_group()
-    special.add_argument("--allow-special", action="store_true",
-                         help="split special tokens written in the text out as tokens")
-    special.add_argument("--special-as-text", action="store_true",
-                         help="read special tokens written in the text as plain text (safe for untrusted input). "
-                         "Default: as the tokenizer's origin does (Hugging Face tokenizer.json / vocab.txt: split "
-                         "out; trained by lmforge: plain text)")
-    p.add_argument("--offsets", action="store_true", help="also print character offsets")
     p.add_argument("text", nargs="?", metavar="TEXT")
-    add_input_errors(p)
-    add_common(p)
+    add_settings(p, CODEC)
+    add_quiet(p)
     p.set_defaults(handler=encode)
 
     p = commands.add_parser("decode", help="ids -> one JSON object (text) per input line",
                             description="Decode IDS (e.g. '[101, 7592]' or '101 7592'), or standard input.")
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="directory or tokenizer.json / vocab.txt")
-    p.add_argument("--skip-special", action="store_true", help="leave out special tokens")
     p.add_argument("ids", nargs="?", metavar="IDS")
-    add_input_errors(p)
-    add_common(p)
+    add_settings(p, CODEC)
+    add_quiet(p)
     p.set_defaults(handler=decode)

@@ -16,7 +16,14 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import add_common, add_input_errors, apply_runtime, input_lines, positive_int
+from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
+from lmforge.generation.options import DecodeOptions
+from lmforge.schema import Recipe
+from lmforge.workflows.options import Runtime, TextInput, TranslateOptions
+
+SETTINGS = Settings(Recipe({"decode": DecodeOptions, "translate": TranslateOptions, "input": TextInput,
+                            "runtime": Runtime}), flags=("decode", "translate", "input", "runtime"),
+                    defaults={"decode.beams": 4, "decode.batch_size": 32})
 
 
 def run_translate(args: argparse.Namespace) -> int:
@@ -29,8 +36,8 @@ def run_translate(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--align: {args.align} must end in .png, .pdf or .svg")
     if args.out and Path(args.out).is_dir():
         raise LmforgeError(f"--out: {args.out} is a directory; give a file for the translations")
-    apply_runtime(args)
-    model, tokenizer = load(args.model, device=args.device)
+    decode, options = args.settings["decode"], args.settings["translate"]
+    model, tokenizer = load(args.model, device=args.settings["runtime"].device)
     if not is_encoder_decoder(model):
         raise LmforgeError(f"--model: {args.model}: a {type(model).__name__} model is not an encoder-decoder")
     if tokenizer is None:
@@ -41,8 +48,8 @@ def run_translate(args: argparse.Namespace) -> int:
             from lmforge.data import sources
 
             path = sources.bible_pairs()["test"]
-        result = evaluate_translation(model, tokenizer, path, beams=args.beams, length_penalty=args.length_penalty,
-                                      limit=args.limit, batch_size=args.batch_size)
+        result = evaluate_translation(model, tokenizer, path, beams=decode.beams, length_penalty=decode.length_penalty,
+                                      limit=options.limit, batch_size=decode.batch_size)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
                 f.write("\n".join(result["hypotheses"]) + "\n")
@@ -51,16 +58,16 @@ def run_translate(args: argparse.Namespace) -> int:
         report = {k: v for k, v in result.items() if k not in ("hypotheses", "pairs")}
         print(json.dumps({**report, "file": str(path), "samples": samples}, ensure_ascii=False))
         return 0
-    texts = list(input_lines(args.text, skip_blank=True, errors=args.errors))
+    texts = list(input_lines(args.text, skip_blank=True, errors=args.settings["input"].errors))
     if args.align:
         if len(texts) != 1:
             raise LmforgeError("--align: give exactly one sentence")
-        target = args.target or translate(model, tokenizer, texts, beams=args.beams)[0]
+        target = args.target or translate(model, tokenizer, texts, beams=decode.beams)[0]
         plot_alignment([(f"{type(model).__name__}", alignment(model, tokenizer, texts[0], target))], args.align)
         print(json.dumps({"source": texts[0], "translation": target, "alignment": args.align}, ensure_ascii=False))
         return 0
-    for source, target in zip(texts, translate(model, tokenizer, texts, beams=args.beams,
-                                               length_penalty=args.length_penalty, batch_size=args.batch_size),
+    for source, target in zip(texts, translate(model, tokenizer, texts, beams=decode.beams,
+                                               length_penalty=decode.length_penalty, batch_size=decode.batch_size),
                               strict=True):
         print(json.dumps({"source": source, "translation": target}, ensure_ascii=False), flush=True)
     return 0
@@ -71,15 +78,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", nargs="?", metavar="TEXT", help="a sentence (default: one per line of standard input)")
     p.add_argument("--model", metavar="DIR", required=True, help="an encoder-decoder model directory")
-    p.add_argument("--beams", type=positive_int, default=4, metavar="B", help="beam size (default 4; 1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=1.0, metavar="L",
-                   help="beam score = log p / length**L (default 1.0)")
-    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="sentences decoded together (32)")
     p.add_argument("--eval", metavar="FILE", help="source<TAB>reference file to score (or 'bible')")
-    p.add_argument("--limit", type=positive_int, metavar="N", help="with --eval: the first N pairs only")
     p.add_argument("--out", metavar="FILE", help="with --eval: write the translations here, one per line")
     p.add_argument("--align", metavar="PNG", help="plot the cross-attention of TEXT and its translation")
     p.add_argument("--target", metavar="TEXT", help="with --align: the target to align (default: translate)")
-    add_input_errors(p)
-    add_common(p, device="cpu")
+    add_settings(p, SETTINGS)
+    add_quiet(p)
     p.set_defaults(handler=run_translate)

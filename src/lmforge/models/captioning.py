@@ -31,18 +31,31 @@ in flattened to (B, X·Y·K); ``encode`` accepts either shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.models.common import check_ids, check_length, padding_mask, token_loss
-from lmforge.models.config import CONFIG_CLASSES, ConfigMixin
+from lmforge.models.config import (
+    CONFIG_CLASSES,
+    VOCAB,
+    Activation,
+    ConfigMixin,
+    count,
+    epsilon,
+    kind,
+    rate,
+    size,
+    token_id,
+    where,
+)
 from lmforge.models.heads import LMHead
 from lmforge.models.outputs import ModelOutput
 from lmforge.nn import LayerCache, SinusoidalPositions, TransformerLayer, scale_embedding
 from lmforge.nn.attention2d import flatten_grid, sinusoidal_positions_2d
+from lmforge.schema import setting
 
 
 @dataclass
@@ -55,29 +68,29 @@ class GridCaptionerConfig(ConfigMixin):
     then an unordered set). The decoder is pre-LN (a final LayerNorm before the LM head).
     """
 
-    vocab_size: int
-    d_feature: int
-    grid_x: int
-    grid_y: int
-    d_model: int = 64
-    n_layers: int = 2
-    n_grid_layers: int = 0
-    n_heads: int = 4
-    d_ff: int = 128
-    max_length: int = 64
-    positions_2d: bool = True
-    dropout: float = 0.0
-    activation: str = "relu"
-    eps: float = 1e-5
-    pad_id: int | None = 0
-    bos_id: int | None = 1
-    eos_id: int | None = 2
-    kind: str = field(default="grid-captioner")
+    vocab_size: int = size(help=VOCAB)
+    d_feature: int = size(help="K: the width of each grid cell's feature vector")
+    grid_x: int = size(help="X: grid cells across")
+    grid_y: int = size(help="Y: grid cells down")
+    d_model: int = size(64, "model width d_model (even: half the channels per axis)")
+    n_layers: int = count(2, "caption decoder layers")
+    n_grid_layers: int = count(0, "self-attention layers over the grid cells first")
+    n_heads: int = size(4, "attention heads (divide d_model)")
+    d_ff: int = size(128, "feed-forward width")
+    max_length: int = size(64, "longest caption, start token included")
+    positions_2d: bool = setting(True, "add the 2-D positions P2D to the cells (False: an unordered set)")
+    dropout: float = rate(0.0)
+    activation: Activation = setting("relu", "feed-forward non-linearity: relu | gelu | gelu_tanh")
+    eps: float = epsilon(1e-5)
+    pad_id: int | None = token_id(0, "padding token id")
+    bos_id: int | None = token_id(1, "first caption token")
+    eos_id: int | None = token_id(2, "end of a caption")
+    kind: str = kind("grid-captioner")
 
     def validate(self, source: str = "config") -> None:
         super().validate(source)
         if self.d_model % 2:
-            raise LmforgeError(f"{source}: d_model={self.d_model} must be even (half the channels per axis)")
+            raise LmforgeError(f"{where(source)}d_model={self.d_model} must be even (half the channels per axis)")
 
 
 CONFIG_CLASSES.setdefault(GridCaptionerConfig.kind, GridCaptionerConfig)  # config.json kind "grid-captioner"

@@ -29,46 +29,45 @@ sequential steps (O(T + L) for L stacked layers): h_t waits for h_t−1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.errors import LmforgeError
 from lmforge.models.common import check_ids, padding_mask, token_loss
-from lmforge.models.config import CONFIG_CLASSES, ConfigMixin
+from lmforge.models.config import (
+    CONFIG_CLASSES,
+    VOCAB,
+    ConfigMixin,
+    kind,
+    rate,
+    size,
+    token_id,
+)
 from lmforge.models.heads import SequenceClassificationHead
 from lmforge.models.outputs import ModelOutput
 from lmforge.nn.pooling import mean_pool
+from lmforge.schema import setting
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu, "gelu": F.gelu}
-POOLINGS = ("max", "mean")
 
 
 @dataclass
 class CNNConfig(ConfigMixin):
     """The seed's sentence CNN: D channels at every layer (the embedding width too), L stride-2 layers."""
 
-    vocab_size: int
-    d_model: int = 256  # i ranges over D channels in e[w, i] and every L_ℓ[b, t, i]
-    n_layers: int = 4  # L
-    kernel_width: int = 3  # K: Δt = 0 .. K-1
-    activation: str = "sigmoid"  # σ of the seed; tanh, relu or gelu as alternatives
-    pooling: str = "max"  # over the ⌈T / 2^L⌉ positions the last layer leaves
-    dropout: float = 0.1  # on the embeddings and on the pooled vector
-    max_positions: int = 512  # the longest input fine-tuning cuts to; the convolutions themselves have no limit
-    pad_id: int | None = 0
-    kind: str = field(default="cnn")
-
-    def validate(self, source: str = "config") -> None:
-        if self.activation not in ACTIVATIONS:
-            raise LmforgeError(f"{source}: activation must be one of {', '.join(ACTIVATIONS)}")
-        if self.pooling not in POOLINGS:
-            raise LmforgeError(f"{source}: pooling must be max or mean")
-        if self.kernel_width < 2 or self.n_layers < 1 or self.d_model < 1:
-            raise LmforgeError(f"{source}: need kernel_width >= 2, n_layers >= 1 and d_model >= 1")
+    vocab_size: int = size(help=VOCAB)
+    d_model: int = size(256, "D: channels of e[w, i] and of every layer L_ℓ[b, t, i]")
+    n_layers: int = size(4, "L: stride-2 convolution layers")
+    kernel_width: int = setting(3, "K: Δt = 0 .. K-1", min=2)
+    activation: Literal["sigmoid", "tanh", "relu", "gelu"] = setting("sigmoid", "σ of the seed, or tanh | relu | gelu")
+    pooling: Literal["max", "mean"] = setting("max", "over the ⌈T / 2^L⌉ positions the last layer leaves")
+    dropout: float = rate(0.1, "dropout on the embeddings and on the pooled vector")
+    max_positions: int = size(512, "the longest input fine-tuning cuts to (the convolutions have no limit)")
+    pad_id: int | None = token_id(0, "padding token id")
+    kind: str = kind("cnn")
 
 
 CONFIG_CLASSES.setdefault(CNNConfig.kind, CNNConfig)  # config.json files with kind "cnn" load as CNNConfig

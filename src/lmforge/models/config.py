@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lmforge.errors import LmforgeError
 from lmforge.files import read_text_utf8, write_text_atomic
+from lmforge.schema import build, setting
 
 # Keys a model directory's config.json may hold beside the architecture's fields (which head sits on
 # top, the label names of a fine-tuned model, ...). ``from_dict`` accepts and ignores them.
@@ -37,7 +35,7 @@ MODEL_KEYS = frozenset({"architecture", "num_labels", "labels", "task", "lmforge
 
 
 class ConfigMixin:
-    """to_dict / from_dict / save / load shared by the three configs."""
+    """to_dict / from_dict / save / load shared by every model config; checks by the settings schema."""
 
     kind: str
 
@@ -46,21 +44,22 @@ class ConfigMixin:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config"):
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        """A config from a ``config.json`` object: every value checked by its field (type, range) before any
+        tensor is built; errors name the file and the field.
+
+        >>> EncoderConfig.from_dict({"vocab_size": 10, "d_model": "64"}, "config.json")
+        Traceback (most recent call last):
+        ...
+        lmforge.errors.LmforgeError: config.json: d_model: expected an integer, got '64'
+        """
         kind = d.get("kind", cls.kind)
         if kind != cls.kind:
             raise LmforgeError(f"{source}: kind is {kind!r}, expected {cls.kind!r}")
-        unknown = sorted(set(d) - names - MODEL_KEYS)
-        if unknown:
-            raise LmforgeError(f"{source}: unknown {cls.__name__} field(s) {', '.join(unknown)}")
-        values = {k: v for k, v in d.items() if k in names}
-        check_values(cls, values, source)
+        values = {k: v for k, v in d.items() if k not in MODEL_KEYS}
         try:
-            config = cls(**values)
-        except TypeError as err:  # a required field is missing
+            return build(cls, values, "")
+        except LmforgeError as err:
             raise LmforgeError(f"{source}: {err}") from None
-        config.validate(source)  # type: ignore[attr-defined]
-        return config
 
     def save(self, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
         """Write ``directory/config.json`` atomically (temporary file, then rename); return its path."""
@@ -76,67 +75,63 @@ class ConfigMixin:
         return cls.from_dict(read_json(config_path(path)), source=str(config_path(path)))
 
     def validate(self, source: str = "config") -> None:
-        d_model, n_heads = getattr(self, "d_model"), getattr(self, "n_heads")  # noqa: B009
+        """Rules across fields (each field's own type and range are the schema's): heads divide the width."""
+        d_model, n_heads = getattr(self, "d_model", 1), getattr(self, "n_heads", 1)
         if d_model % n_heads:
-            raise LmforgeError(f"{source}: d_model={d_model} is not divisible by n_heads={n_heads}")
-        if getattr(self, "activation") not in ("relu", "gelu", "gelu_tanh"):  # noqa: B009
-            raise LmforgeError(f"{source}: activation must be relu, gelu or gelu_tanh")
+            raise LmforgeError(f"{where(source)}d_model={d_model} is not divisible by n_heads={n_heads}")
 
 
-def check_values(cls: type, values: dict[str, Any], source: str) -> None:
-    """Check each value of a config.json by type and range before any tensor is built; errors name the field.
+def where(source: str) -> str:
+    """The prefix of an error message: ``config.json: `` (nothing when the schema already names the key)."""
+    return f"{source}: " if source else ""
 
-    Integers are sizes (>= 1), layer counts (n_*layers, >= 0) or token ids (>= 0); dropout-like rates lie
-    in [0, 1); eps and temperature are > 0. ``"d_model": "64"`` or ``-64`` is one line, not a traceback.
 
-    >>> check_values(EncoderConfig, {"vocab_size": 10, "d_model": "64"}, "config.json")
-    Traceback (most recent call last):
-    ...
-    lmforge.errors.LmforgeError: config.json: d_model must be an integer, got '64'
-    """
-    hints = typing.get_type_hints(cls)
-    for name, value in values.items():
-        hint = hints.get(name)
-        optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
-        if value is None and optional:
-            continue
-        base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
-        if base is bool and not isinstance(value, bool):
-            raise LmforgeError(f"{source}: {name} must be true or false, got {value!r}")
-        if base is str and not isinstance(value, str):
-            raise LmforgeError(f"{source}: {name} must be a string, got {value!r}")
-        if base is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise LmforgeError(f"{source}: {name} must be an integer, got {value!r}")
-            low = 0 if name.endswith("_id") or (name.startswith("n_") and name.endswith("layers")) else 1
-            if value < low:
-                raise LmforgeError(f"{source}: {name} must be >= {low}, got {value}")
-        if base is float:
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise LmforgeError(f"{source}: {name} must be a number, got {value!r}")
-            if ("dropout" in name or name == "label_smoothing") and not 0 <= value < 1:
-                raise LmforgeError(f"{source}: {name} must be in [0, 1), got {value}")
-            if name in ("eps", "temperature") and value <= 0:
-                raise LmforgeError(f"{source}: {name} must be > 0, got {value}")
+# Field declarations every architecture shares (help and range written once).
+def size(default: Any = dataclasses.MISSING, help: str = "a width or count", **extra: Any) -> Any:
+    return setting(default, help, min=1, **extra)
+
+
+def count(default: int, help: str) -> Any:
+    return setting(default, help, min=0)
+
+
+def rate(default: float, help: str = "dropout probability") -> Any:
+    return setting(default, help, min=0, below=1)
+
+
+def token_id(default: int | None, help: str) -> Any:
+    return setting(default, help, min=0)
+
+
+def epsilon(default: float) -> Any:
+    return setting(default, "the normalisation's epsilon", above=0)
+
+
+def kind(name: str) -> Any:
+    return dataclasses.field(default=name, metadata={"help": "the architecture (config.json's kind)", "flag": False})
+
+
+VOCAB = "vocabulary size V (set by the tokenizer)"
+Activation = Literal["relu", "gelu", "gelu_tanh"]
 
 
 @dataclass
 class EncoderConfig(ConfigMixin):
     """BERT: token + position + segment embeddings, post-LN GELU layers, a tanh pooler on [CLS]."""
 
-    vocab_size: int
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 1024
-    max_positions: int = 512
-    type_vocab_size: int = 2
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    activation: str = "gelu"
-    eps: float = 1e-12
-    pad_id: int | None = 0
-    kind: str = field(default="encoder")
+    vocab_size: int = size(help=VOCAB)
+    d_model: int = size(256, "model width d_model")
+    n_layers: int = count(4, "Transformer layers")
+    n_heads: int = size(4, "attention heads (divide d_model)")
+    d_ff: int = size(1024, "feed-forward width")
+    max_positions: int = size(512, "positions the learned table holds (longest input)")
+    type_vocab_size: int = size(2, "segment embeddings (sentence A / B)")
+    dropout: float = rate(0.1)
+    attention_dropout: float = rate(0.1, "dropout on the attention weights")
+    activation: Activation = setting("gelu", "feed-forward non-linearity: relu | gelu | gelu_tanh")
+    eps: float = epsilon(1e-12)
+    pad_id: int | None = token_id(0, "padding token id")
+    kind: str = kind("encoder")
 
 
 @dataclass
@@ -154,41 +149,34 @@ class DecoderConfig(ConfigMixin):
         zero_init_projections  attention and FFN output projections (and an untied head) start at 0
     """
 
-    vocab_size: int
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    d_ff: int = 3072
-    max_positions: int = 1024
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    activation: str = "gelu_tanh"
-    eps: float = 1e-5
-    tie_embeddings: bool = True
-    pad_id: int | None = None
-    bos_id: int | None = None
-    eos_id: int | None = None
-    norm: str = "layernorm"
-    positions: str = "learned"
-    qk_norm: bool = False
-    bias: bool = True
-    logit_softcap: float | None = None
-    zero_init_projections: bool = False
-    kind: str = field(default="decoder")
+    vocab_size: int = size(help=VOCAB)
+    d_model: int = size(768, "model width d_model")
+    n_layers: int = count(12, "Transformer layers")
+    n_heads: int = size(12, "attention heads (divide d_model)")
+    d_ff: int = size(3072, "feed-forward width (per half of SwiGLU's gate and value)")
+    max_positions: int = size(1024, "context length: positions a window may hold")
+    dropout: float = rate(0.1)
+    attention_dropout: float = rate(0.1, "dropout on the attention weights")
+    activation: Literal["gelu_tanh", "relu", "gelu", "relu2", "swiglu"] = setting(
+        "gelu_tanh", "feed-forward non-linearity: gelu_tanh (GPT-2) | relu | gelu | relu2 | swiglu")
+    eps: float = epsilon(1e-5)
+    tie_embeddings: bool = setting(True, "the LM head is the token embedding matrix")
+    pad_id: int | None = token_id(None, "padding token id")
+    bos_id: int | None = token_id(None, "beginning-of-text token id")
+    eos_id: int | None = token_id(None, "end-of-text token id (generation stops there)")
+    norm: Literal["layernorm", "rmsnorm"] = setting("layernorm", "layernorm | rmsnorm, every norm of the model")
+    positions: Literal["learned", "rotary"] = setting("learned", "learned table added to E[x] | rotary q and k")
+    qk_norm: bool = setting(False, "RMSNorm of each head's queries and keys")
+    bias: bool = setting(True, "biases on projections and norms")
+    logit_softcap: float | None = setting(None, "c: logits = c tanh(logits / c) (null: off)", above=0)
+    zero_init_projections: bool = setting(False, "output projections (and an untied head) start at 0")
+    kind: str = kind("decoder")
 
     def validate(self, source: str = "config") -> None:
-        if self.d_model % self.n_heads:
-            raise LmforgeError(f"{source}: d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        choices = {"activation": ("gelu_tanh", "relu", "gelu", "relu2", "swiglu"),
-                   "norm": ("layernorm", "rmsnorm"), "positions": ("learned", "rotary")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise LmforgeError(f"{source}: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        super().validate(source)
         d_head = self.d_model // self.n_heads
         if self.positions == "rotary" and d_head % 2:
-            raise LmforgeError(f"{source}: rotary positions need an even head width, got {d_head}")
-        if self.logit_softcap is not None and not self.logit_softcap > 0:
-            raise LmforgeError(f"{source}: logit_softcap must be a positive number or null, got {self.logit_softcap!r}")
+            raise LmforgeError(f"{where(source)}rotary positions need an even head width, got {d_head}")
 
     def is_gpt2(self) -> bool:
         """True when every switch is at GPT-2's setting (what Hugging Face's GPT2LMHeadModel can hold)."""
@@ -207,22 +195,22 @@ class DecoderConfig(ConfigMixin):
 class Seq2SeqConfig(ConfigMixin):
     """Vaswani et al.: shared embeddings * sqrt(d_model), sinusoids, post-LN ReLU encoder and decoder."""
 
-    vocab_size: int
-    d_model: int = 512
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    n_heads: int = 8
-    d_ff: int = 2048
-    max_positions: int = 512
-    dropout: float = 0.1
-    activation: str = "relu"
-    eps: float = 1e-5
-    pad_id: int | None = 0
-    bos_id: int | None = 1
-    eos_id: int | None = 2
-    attention_dropout: float = 0.0  # the paper drops sublayer outputs only
-    label_smoothing: float = 0.0  # the paper's ε_ls = 0.1 (§5.4); training loss only
-    kind: str = field(default="seq2seq")
+    vocab_size: int = size(help=VOCAB)
+    d_model: int = size(512, "model width d_model")
+    n_encoder_layers: int = count(6, "encoder layers")
+    n_decoder_layers: int = count(6, "decoder layers")
+    n_heads: int = size(8, "attention heads (divide d_model)")
+    d_ff: int = size(2048, "feed-forward width")
+    max_positions: int = size(512, "longest source or target")
+    dropout: float = rate(0.1)
+    activation: Activation = setting("relu", "feed-forward non-linearity: relu | gelu | gelu_tanh")
+    eps: float = epsilon(1e-5)
+    pad_id: int | None = token_id(0, "padding token id")
+    bos_id: int | None = token_id(1, "first decoder token")
+    eos_id: int | None = token_id(2, "end of a target")
+    attention_dropout: float = rate(0.0, "dropout on the attention weights (the paper: none)")
+    label_smoothing: float = rate(0.0, "ε_ls of the training loss (the paper: 0.1, §5.4)")
+    kind: str = kind("seq2seq")
 
 
 @dataclass
@@ -234,31 +222,28 @@ class RNNSeq2SeqConfig(ConfigMixin):
     ``tie_embeddings`` shares the embedding with the output projection (needs d_embed = d_hidden).
     """
 
-    vocab_size: int
-    d_embed: int = 256
-    d_hidden: int = 256
-    n_encoder_layers: int = 2
-    n_decoder_layers: int = 2
-    attention: str = "additive"
-    input_feeding: bool = True
-    dropout: float = 0.2
-    pad_id: int | None = 0
-    bos_id: int | None = 1
-    eos_id: int | None = 2
-    label_smoothing: float = 0.0  # training loss only
-    max_positions: int = 512  # no position table: only a cap on source and generated lengths
-    tie_embeddings: bool = True
-    kind: str = field(default="rnn-seq2seq")
+    vocab_size: int = size(help=VOCAB)
+    d_embed: int = size(256, "embedding width")
+    d_hidden: int = size(256, "LSTM state width (even: two encoder directions)")
+    n_encoder_layers: int = size(2, "encoder LSTM layers")
+    n_decoder_layers: int = size(2, "decoder LSTM layers")
+    attention: Literal["additive", "general", "dot"] = setting("additive", "additive (Bahdanau) | general | dot")
+    input_feeding: bool = setting(True, "feed the last attentional state to the next step (Luong)")
+    dropout: float = rate(0.2)
+    pad_id: int | None = token_id(0, "padding token id")
+    bos_id: int | None = token_id(1, "first decoder token")
+    eos_id: int | None = token_id(2, "end of a target")
+    label_smoothing: float = rate(0.0, "ε_ls of the training loss")
+    max_positions: int = size(512, "a cap on source and generated lengths (no position table)")
+    tie_embeddings: bool = setting(True, "share the embedding with the output projection (d_embed = d_hidden)")
+    kind: str = kind("rnn-seq2seq")
 
     def validate(self, source: str = "config") -> None:
-        if self.attention not in ("additive", "general", "dot"):
-            raise LmforgeError(f"{source}: attention must be additive, general or dot, got {self.attention!r}")
         if self.d_hidden % 2:
-            raise LmforgeError(f"{source}: d_hidden={self.d_hidden} must be even (two encoder directions)")
+            raise LmforgeError(f"{where(source)}d_hidden={self.d_hidden} must be even (two encoder directions)")
         if self.tie_embeddings and self.d_embed != self.d_hidden:
-            raise LmforgeError(f"{source}: tie_embeddings needs d_embed ({self.d_embed}) = d_hidden ({self.d_hidden})")
-        if min(self.n_encoder_layers, self.n_decoder_layers) < 1:
-            raise LmforgeError(f"{source}: n_encoder_layers and n_decoder_layers must be >= 1")
+            raise LmforgeError(f"{where(source)}tie_embeddings needs d_embed ({self.d_embed}) = d_hidden "
+                               f"({self.d_hidden})")
 
 
 Config = EncoderConfig | DecoderConfig | Seq2SeqConfig | RNNSeq2SeqConfig
@@ -295,13 +280,10 @@ def get_preset(name: str, **overrides: Any) -> Config:
     if name not in PRESETS:
         raise LmforgeError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
     base = PRESETS[name]
-    fields = {f.name for f in dataclasses.fields(base)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise LmforgeError(f"preset {name!r}: unknown field(s) {', '.join(unknown)}")
-    config = dataclasses.replace(base, **overrides)
-    config.validate(f"preset {name!r}")
-    return config
+    try:
+        return build(type(base), {**base.to_dict(), **overrides}, "")
+    except LmforgeError as err:
+        raise LmforgeError(f"preset {name!r}: {err}") from None
 
 
 def config_from_dict(d: dict[str, Any], source: str = "config") -> Config:

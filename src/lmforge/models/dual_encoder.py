@@ -27,20 +27,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.models.config import CONFIG_CLASSES, ConfigMixin, EncoderConfig
+from lmforge.models.config import (
+    CONFIG_CLASSES,
+    VOCAB,
+    Activation,
+    ConfigMixin,
+    EncoderConfig,
+    count,
+    epsilon,
+    kind,
+    rate,
+    size,
+    token_id,
+    where,
+)
 from lmforge.models.encoder import Encoder
 from lmforge.models.outputs import ModelOutput
 from lmforge.nn import FeedForward, MultiHeadAttention
 from lmforge.nn.pooling import mean_pool
+from lmforge.schema import setting
 
-SIMILARITIES = ("cosine", "dot")
 MAX_SCALE = 100.0  # 1 / τ never exceeds this (CLIP's clip), so the logits stay bounded
 
 
@@ -53,32 +67,28 @@ class DualEncoderConfig(ConfigMixin):
     two). similarity: 'cosine' or 'dot'. temperature: τ at the start; learn_temperature trains it.
     """
 
-    vocab_size: int
-    vocab_size_b: int | None = None
-    d_model: int = 128
-    n_layers: int = 0
-    n_heads: int = 4
-    d_ff: int = 256
-    max_positions: int = 128
-    d_embed: int = 128
-    similarity: str = "cosine"
-    temperature: float = 0.05
-    learn_temperature: bool = True
-    share_towers: bool = False
-    dropout: float = 0.1
-    activation: str = "gelu"
-    eps: float = 1e-12
-    pad_id: int | None = 0
-    kind: str = field(default="dual-encoder")
+    vocab_size: int = size(help=VOCAB)
+    vocab_size_b: int | None = size(None, "the second modality's vocabulary (null: the same tokenizer)")
+    d_model: int = size(128, "tower width d_model")
+    n_layers: int = count(0, "BERT layers per tower (0: a bag of embeddings)")
+    n_heads: int = size(4, "attention heads (divide d_model)")
+    d_ff: int = size(256, "feed-forward width")
+    max_positions: int = size(128, "longest input")
+    d_embed: int = size(128, "width of the shared embedding space")
+    similarity: Literal["cosine", "dot"] = setting("cosine", "cosine | dot")
+    temperature: float = setting(0.05, "τ at the start (>= 1 / 100: the logits stay bounded)", min=1 / MAX_SCALE)
+    learn_temperature: bool = setting(True, "train τ")
+    share_towers: bool = setting(False, "one tower for both sides (the projections stay two)")
+    dropout: float = rate(0.1)
+    activation: Activation = setting("gelu", "feed-forward non-linearity: relu | gelu | gelu_tanh")
+    eps: float = epsilon(1e-12)
+    pad_id: int | None = token_id(0, "padding token id")
+    kind: str = kind("dual-encoder")
 
     def validate(self, source: str = "config") -> None:
         super().validate(source)
-        if self.similarity not in SIMILARITIES:
-            raise LmforgeError(f"{source}: similarity must be cosine or dot, not {self.similarity!r}")
-        if self.temperature < 1.0 / MAX_SCALE:
-            raise LmforgeError(f"{source}: temperature must be >= {1.0 / MAX_SCALE}, got {self.temperature}")
         if self.share_towers and self.vocab_size_b not in (None, self.vocab_size):
-            raise LmforgeError(f"{source}: share_towers needs one vocabulary, got {self.vocab_size} and "
+            raise LmforgeError(f"{where(source)}share_towers needs one vocabulary, got {self.vocab_size} and "
                                f"{self.vocab_size_b}")
 
     def tower_config(self, vocab_size: int) -> EncoderConfig:

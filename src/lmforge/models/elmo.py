@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,12 +40,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.models.config import CONFIG_CLASSES, PRESETS, ConfigMixin
+from lmforge.models.config import (
+    CONFIG_CLASSES,
+    PRESETS,
+    VOCAB,
+    ConfigMixin,
+    kind,
+    rate,
+    size,
+    token_id,
+)
 from lmforge.models.outputs import ModelOutput
 from lmforge.nn.loss import IGNORE_INDEX
 from lmforge.nn.lstm import reverse_padded
 from lmforge.nn.mix import ScalarMix
 from lmforge.nn.pooling import mean_pool
+from lmforge.schema import setting
 
 warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
 
@@ -59,24 +69,18 @@ class BiLMConfig(ConfigMixin):
     and prediction cut inputs to: an LSTM has no position table.
     """
 
-    vocab_size: int
-    d_model: int = 128
-    d_hidden: int = 512
-    n_layers: int = 2
-    dropout: float = 0.1
-    residual: bool = True  # layer j > 1 adds its input to its output (the paper's skip connection)
-    tie_embeddings: bool = False  # the softmax reuses the input embedding (the paper keeps them apart)
-    max_positions: int = 512
-    pad_id: int | None = 0
-    bos_id: int | None = None
-    eos_id: int | None = None
-    kind: str = field(default="bilm")
-
-    def validate(self, source: str = "config") -> None:
-        if min(self.vocab_size, self.d_model, self.d_hidden, self.n_layers) < 1:
-            raise LmforgeError(f"{source}: vocab_size, d_model, d_hidden and n_layers must be >= 1")
-        if not 0.0 <= self.dropout < 1.0:
-            raise LmforgeError(f"{source}: dropout must be in [0, 1), got {self.dropout}")
+    vocab_size: int = size(help=VOCAB)
+    d_model: int = size(128, "token embedding and each layer's output (the paper's 512 projection)")
+    d_hidden: int = size(512, "LSTM cells (the paper's 4096; = d_model: no projection)")
+    n_layers: int = size(2, "LSTM layers per direction")
+    dropout: float = rate(0.1)
+    residual: bool = setting(True, "layer j > 1 adds its input to its output (the paper's skip connection)")
+    tie_embeddings: bool = setting(False, "the softmax reuses the input embedding (the paper keeps them apart)")
+    max_positions: int = size(512, "the longest input fine-tuning cuts to (an LSTM has no position table)")
+    pad_id: int | None = token_id(0, "padding token id")
+    bos_id: int | None = token_id(None, "beginning-of-text token id")
+    eos_id: int | None = token_id(None, "end-of-text token id")
+    kind: str = kind("bilm")
 
 
 CONFIG_CLASSES.setdefault(BiLMConfig.kind, BiLMConfig)  # config.json files with kind "bilm" load as BiLMConfig

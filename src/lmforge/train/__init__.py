@@ -1,33 +1,24 @@
 """Training: the loop, AdamW and its schedule, atomic checkpoints and exact resume, DDP / FSDP.
 
-    from lmforge.train import TrainConfig, load_recipe, train
-    recipe = load_recipe("configs/gpt-mini.yaml", ["train.lr=1e-3"])
-    result = train(model, source, TrainConfig.from_dict(recipe["train"]), "runs/gpt", recipe=recipe)
+    from lmforge.train import TrainConfig, Trainer
+    config = TrainConfig(lr=1e-3, max_steps=200)
+    result = Trainer(model, source, config, "runs/gpt").fit()
 
-See docs/training.md.
+See docs/training.md. Importing the package imports nothing heavy: each name loads its module on first use,
+so that ``lmforge.train.config`` (the ``train:`` settings) is read at the command line's start-up without torch.
 """
 
-from lmforge.train.checkpoint import Checkpoint, latest_checkpoint
-from lmforge.train.config import TrainConfig, apply_overrides, load_recipe, save_recipe
-from lmforge.train.metrics import count_targets
-from lmforge.train.optim import build_optimizer, lr_at, param_groups
-from lmforge.train.trainer import BatchSource, Callback, Trainer, TrainResult, seed_everything, train
+from importlib import import_module
 
-__all__ = [
-    "BatchSource",
-    "Callback",
-    "Checkpoint",
-    "TrainConfig",
-    "TrainResult",
-    "Trainer",
-    "apply_overrides",
-    "build_optimizer",
-    "count_targets",
-    "latest_checkpoint",
-    "load_recipe",
-    "lr_at",
-    "param_groups",
-    "save_recipe",
-    "seed_everything",
-    "train",
-]
+_HOMES = {"Checkpoint": "checkpoint", "latest_checkpoint": "checkpoint", "TrainConfig": "config",
+          "save_recipe": "config", "count_targets": "metrics", "build_optimizer": "optim", "lr_at": "optim",
+          "param_groups": "optim", "BatchSource": "trainer", "Callback": "trainer", "Trainer": "trainer",
+          "TrainResult": "trainer", "seed_everything": "trainer", "train": "trainer"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)

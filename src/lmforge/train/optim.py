@@ -18,6 +18,9 @@ bias stay with AdamW, inside the same optimizer object (one state to checkpoint)
 
     M ← μ M + (1 - μ) G;   O = NS_5(G + μ (M - G))   (Nesterov);   W ← W (1 - lr_m λ) - lr_m √max(1, rows/cols) O
 
+λ is ``train.muon_weight_decay`` (0 by default), not AdamW's ``train.weight_decay``: at Muon's larger learning
+rate, 0.1 would shrink every hidden matrix by 0.2% a step.
+
 A stacked projection ([W_q; W_k; W_v] in ``in_proj``, [W_g; W_u] in a SwiGLU ``fc1``) is orthogonalised
 block by block, as if its matrices were separate.
 
@@ -222,7 +225,7 @@ def muon_param_groups(model: nn.Module, config: TrainConfig, no_decay: set[str] 
             muon.setdefault(matrices[id(p)], []).append(p)
     scale = config.muon_lr / config.lr
     groups = [{"params": ps, "muon": True, "splits": splits, "lr_scale": scale, "momentum": config.muon_momentum,
-               "weight_decay": config.weight_decay} for splits, ps in muon.items()]
+               "weight_decay": config.muon_weight_decay} for splits, ps in muon.items()]
     taken = {id(p) for ps in muon.values() for p in ps}
     for group in param_groups(model, config.weight_decay, no_decay):
         group["params"] = [p for p in group["params"] if id(p) not in taken]

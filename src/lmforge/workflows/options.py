@@ -1,0 +1,132 @@
+"""The settings of the commands that run without a recipe, declared once (``lmforge.schema``; no torch here).
+
+    Runtime          where a model runs: --device, --threads, checksum verification (every command that loads one)
+    TextInput        how text read from files and standard input is decoded (--errors)
+    EncodeOptions    lmforge tokenizer encode / decode
+    EvaluateOptions  lmforge evaluate
+    EmbedOptions     lmforge embed
+    AttentionOptions lmforge attention
+    TranslateOptions lmforge translate (beside generation.options.DecodeOptions)
+    DemoOptions      lmforge demo
+
+Each field is a flag (``--batch-size``), a key of the command's ``--config`` file (``embed.batch_size: 64``) and
+a line of ``--print-config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lmforge.errors import LmforgeError
+from lmforge.schema import setting
+
+
+@dataclass
+class Runtime:
+    """Where and how a model runs; applied before any work (``apply``)."""
+
+    device: str = setting("cpu", "cpu | cuda | cuda:N | mps | auto", metavar="DEV")
+    threads: int = setting(0, "torch CPU threads (0: torch's default)", min=0, metavar="N")
+    verify: bool = setting(True, "check the sha256 of model and checkpoint files on load (--no-verify: skip, "
+                           "for huge models)")
+
+    def apply(self) -> None:
+        """Set torch's threads, check the device against the machine (one line if it is not there), and turn
+        checksum verification off when asked."""
+        if not self.verify:
+            from lmforge.manifest import set_verify
+
+            set_verify(False)
+        if self.threads:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        if self.device != "auto":
+            from lmforge.nn.device import resolve_device
+
+            resolve_device(self.device, "--device")
+
+
+@dataclass
+class TextInput:
+    """Text arguments and standard input: one item a line."""
+
+    errors: Literal["strict", "replace"] = setting("strict", "invalid UTF-8: stop with the line and byte offset, "
+                                                   "or replace the bad bytes by U+FFFD")
+
+
+@dataclass
+class EncodeOptions:
+    """What ``tokenizer encode`` adds and splits out; what ``decode`` leaves out."""
+
+    special: bool = setting(True, "add the template's tokens ([CLS], [SEP], ...) (--no-special: none)")
+    allow_special: bool | None = setting(None, "split special tokens written in the text out as tokens "
+                                         "(--no-allow-special: read them as plain text, safe for untrusted input; "
+                                         "default: as the tokenizer's origin does)")
+    offsets: bool = setting(False, "also print each token's character offsets")
+    skip_special: bool = setting(False, "decode: leave special tokens out")
+
+
+@dataclass
+class EvaluateOptions:
+    """Scoring a model on a file."""
+
+    stride: int | None = setting(None, "language model: tokens each window moves on (default half the context)",
+                                 min=1, metavar="N")
+    batch_size: int = setting(64, "rows per batch", min=1, metavar="N")
+
+
+@dataclass
+class EmbedOptions:
+    """Which hidden states, pooled how, and how many neighbours to list."""
+
+    layer: int | None = setting(None, "hidden state L (0 = embeddings, -1 = last; default: last)", metavar="L")
+    mix: bool = setting(False, "ELMo scalar mix of all layers (uniform unless mix_weights)")
+    mix_weights: list[float] | None = setting(None, "with mix: one weight per hidden state, normalised",
+                                              metavar="W")
+    gamma: float = setting(1.0, "with mix: scale of the mix")
+    pooling: Literal["mean", "cls", "last"] = setting("mean", "mean over real tokens, the first token, or the last "
+                                                      "real token")
+    exclude_special: bool = setting(False, "leave [CLS], [SEP], ... out of the mean")
+    batch_size: int = setting(32, "texts per batch", min=1, metavar="N")
+    k: int = setting(10, "how many neighbours or texts to list", min=1, short="-k", metavar="K")
+    subwords: bool = setting(False, "also return ## continuation pieces as neighbours")
+
+    def validate(self, section: str = "embed") -> None:
+        if self.mix and self.layer is not None:
+            raise LmforgeError(f"{section}.layer: not with mix (a mix reads every layer)")
+        if self.mix_weights is not None and not self.mix:
+            raise LmforgeError(f"{section}.mix_weights: needs mix")
+
+
+@dataclass
+class AttentionOptions:
+    """Which attention to draw."""
+
+    layer: int | None = setting(None, "PNG: only layer L (0 = first); HTML: the layer shown first", metavar="L")
+    head: int | None = setting(None, "PNG: only head H (with layer: one large heatmap); HTML: the head shown first",
+                               min=0, metavar="H")
+    view: Literal["encoder", "decoder", "cross"] | None = setting(
+        None, "encoder-decoder: the attention drawn in the PNG / shown first in the HTML (default encoder)")
+    rollout: bool = setting(False, "PNG of the attention rollout across layers")
+    name: str | None = setting(None, "model name shown in titles (default: the directory's name)", metavar="NAME")
+
+
+@dataclass
+class TranslateOptions:
+    """Scoring a test set."""
+
+    limit: int | None = setting(None, "with --eval: the first N pairs only", min=1, metavar="N")
+
+
+@dataclass
+class DemoOptions:
+    """The demo's sizes (``--quick``: about a minute)."""
+
+    steps: int = setting(1500, "pretraining steps", min=1, metavar="N")
+    max_new_tokens: int = setting(120, "tokens generated at the end", min=1, metavar="N")
+    finetune_steps: int = setting(200, "LoRA steps on MiniLM (0 skips)", min=0, metavar="N")
+    seed: int = setting(0, "random seed")
+    skip_examples: bool = setting(False, "go straight to the pipeline (no course exercises)")
+    quick: bool = setting(False, "about a minute: 150 pretraining steps, 20 LoRA steps, no exercises")
