@@ -528,7 +528,7 @@ def test_special_tokens_in_text_follow_the_reference_libraries(tmp_path, corpus)
     ours = load_tokenizer(tmp_path / "tokenizer.json")
     for text in ("<|endoftext|> as text", "the king<|endoftext|>the queen", "plain text only"):
         assert ours.encode(text).ids == hf.encode(text).ids, text
-    plain = ours.encode("<|endoftext|> as text", allow_special=False).ids  # --special-as-text
+    plain = ours.encode("<|endoftext|> as text", allow_special=False).ids  # --no-allow-special
     assert ours.special_tokens["<|endoftext|>"] not in plain
 
     trained = WordPieceTokenizer.train([corpus.read_text()], vocab_size=120, min_frequency=1)

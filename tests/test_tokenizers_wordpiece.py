@@ -93,7 +93,7 @@ def test_special_tokens_in_text_match_transformers_and_can_be_plain_text(ours, h
     text = "[CLS] stays plain[MASK]text [SEP][PAD]"
     assert ours.encode(text).ids == hf(text)["input_ids"]  # a vocab.txt tokenizer splits them out, as BERT's
     assert ours.encode(text, allowed_special="all").ids == hf(text)["input_ids"]
-    plain = ours.encode(text, allow_special=False).ids  # --special-as-text: ordinary text, never special ids
+    plain = ours.encode(text, allow_special=False).ids  # --no-allow-special: ordinary text, never special ids
     assert not set(plain[1:-1]) & ours.special_ids
 
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from lmforge.errors import LmforgeError
 from lmforge.files import read_text_utf8, write_text_atomic
-from lmforge.schema import build, setting
+from lmforge.schema import build, check_section, setting
 
 # Keys a model directory's config.json may hold beside the architecture's fields (which head sits on
 # top, the label names of a fine-tuned model, ...). ``from_dict`` accepts and ignores them.
@@ -38,6 +38,11 @@ class ConfigMixin:
     """to_dict / from_dict / save / load shared by every model config; checks by the settings schema."""
 
     kind: str
+
+    def __post_init__(self) -> None:
+        """A config built in Python is checked like one read from a file: every field, then the rules across."""
+        check_section(type(self), self.to_dict(), "")
+        self.validate("")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]

@@ -15,7 +15,7 @@ BPE and WordPiece, so the subclasses implement just that (``_word_pieces``) and 
 **Special tokens written in text** ("[CLS] literal") follow the tokenizer's origin: loaded from a Hugging
 Face ``tokenizer.json`` or a BERT ``vocab.txt``, they are split out as ``tokenizers`` / ``BertTokenizerFast``
 do (``specials_in_text``); trained by lmforge, they are plain text, as in tiktoken. ``allow_special=False``
-(``--special-as-text``, for untrusted input) makes them plain text, ``allow_special=True`` splits them out.
+(``--no-allow-special``, for untrusted input) makes them plain text, ``allow_special=True`` splits them out.
 """
 
 from __future__ import annotations

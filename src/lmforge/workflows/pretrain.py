@@ -11,7 +11,8 @@ Everything lands in the run directory ``out``: ``tokenizer/``, ``corpus/``, ``co
 ``checkpoints/``, ``log.jsonl``, ``loss.png`` and, at the end, ``model/`` (config.json, model.safetensors,
 tokenizer.json: ``lmforge.load(out / "model")``). Running the same command again resumes the run; one
 run at a time holds ``out`` (``lmforge.lock``), and a rerun whose data, tokenizer or model section differs
-from the run's ``config.yaml`` is refused before anything is prepared (``train.config.resume_changes``).
+from the run's ``config.yaml`` is refused before anything is prepared (``pretrain_args.PRETRAIN``: its fixed
+sections and may-change keys).
 In ``data.files``, ``shakespeare`` stands for the 42 works and ``bible-en-es`` for the training verse pairs,
 both fetched by ``lmforge.data.sources``.
 
