@@ -146,6 +146,9 @@ class DecoderConfig(ConfigMixin):
     The defaults are GPT-2 exactly. The switches of the modern recipe (docs/modern.md):
         norm                   layernorm | rmsnorm              every norm of the model, the final one too
         positions              learned | rotary                 added table P, or q and k rotated per head
+        rope_base              the rotary angles' base b: pair j turns by pos · b^(-2j/d_head) (Llama 3: 500000)
+        n_kv_heads             key/value heads shared by groups of query heads (None: n_heads; grouped-query
+                               attention, docs/models.md)
         qk_norm                RMSNorm of each head's q and k before the dot product
         activation             gelu_tanh | relu | gelu | relu2 | swiglu
         bias                   biases on projections and norms (False: none anywhere)
@@ -174,6 +177,8 @@ class DecoderConfig(ConfigMixin):
     bias: bool = True
     logit_softcap: float | None = None
     zero_init_projections: bool = False
+    n_kv_heads: int | None = None
+    rope_base: float = 10000.0
     kind: str = field(default="decoder")
 
     def validate(self, source: str = "config") -> None:
@@ -184,6 +189,10 @@ class DecoderConfig(ConfigMixin):
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise LmforgeError(f"{source}: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise LmforgeError(f"{source}: n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        if not self.rope_base > 0:
+            raise LmforgeError(f"{source}: rope_base must be > 0, got {self.rope_base!r}")
         d_head = self.d_model // self.n_heads
         if self.positions == "rotary" and d_head % 2:
             raise LmforgeError(f"{source}: rotary positions need an even head width, got {d_head}")
@@ -198,6 +207,8 @@ class DecoderConfig(ConfigMixin):
         """The switches set away from GPT-2, as ``name=value`` (zero-init is only an initialisation: not listed)."""
         gpt2 = {"norm": "layernorm", "positions": "learned", "qk_norm": False, "bias": True, "logit_softcap": None}
         changed = [f"{k}={getattr(self, k)}" for k, v in gpt2.items() if getattr(self, k) != v]
+        if self.n_kv_heads not in (None, self.n_heads):
+            changed.append(f"n_kv_heads={self.n_kv_heads}")
         if self.activation in ("relu2", "swiglu"):
             changed.append(f"activation={self.activation}")
         return changed

@@ -118,6 +118,7 @@ class LayerConfig:
     """The settings of one ``TransformerLayer``, checked once when the layer is built.
 
     d_model, n_heads, d_ff: widths and head count.
+    n_kv_heads: key/value heads shared by groups of n_heads // n_kv_heads query heads (default n_heads).
     norm_position: 'post' (Vaswani, BERT) or 'pre' (GPT-2); see the module docstring.
     activation: 'relu', 'gelu', 'gelu_tanh', 'relu2' or 'swiglu'.
     dropout: on each sublayer's output before the residual sum; attention_dropout on the weights.
@@ -148,6 +149,7 @@ class LayerConfig:
     bias: bool = True
     norm: str = "layernorm"
     qk_norm: bool = False
+    n_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         if self.norm_position not in ("post", "pre"):
@@ -156,7 +158,7 @@ class LayerConfig:
     def attention(self, **more: Any) -> dict[str, Any]:
         """The keyword arguments of this layer's ``MultiHeadAttention``s (self and cross share them)."""
         return dict(d_qk=self.d_qk, d_v=self.d_v, bias=self.bias, dropout=self.attention_dropout,
-                    qk_norm=self.qk_norm, eps=self.eps, **more)
+                    qk_norm=self.qk_norm, eps=self.eps, n_kv_heads=self.n_kv_heads, **more)
 
 
 class TransformerLayer(nn.Module):
