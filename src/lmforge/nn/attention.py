@@ -122,7 +122,7 @@ def fused_attention(
 
     ``causal=True`` (no cached keys, T == S, no other mask) lets the kernel draw its own triangle. Grouped
     keys and values go in as they are (``enable_gqa``): on CPU that measured as fast as or faster than
-    expanding them to H heads first (torch 2.13, 2 cores; docs/models.md).
+    expanding them to H heads first (torch 2.13, one thread; docs/models.md).
     """
     grouped = k.shape[1] != q.shape[1]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
