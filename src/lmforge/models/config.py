@@ -146,6 +146,9 @@ class DecoderConfig(ConfigMixin):
     The defaults are GPT-2 exactly. The switches of the modern recipe (docs/modern.md):
         norm                   layernorm | rmsnorm              every norm of the model, the final one too
         positions              learned | rotary                 added table P, or q and k rotated per head
+        rope_base              the rotary angles' base b: pair j turns by pos · b^(-2j/d_head) (Llama 3: 500000)
+        n_kv_heads             key/value heads shared by groups of query heads (None: n_heads; grouped-query
+                               attention, docs/models.md)
         qk_norm                RMSNorm of each head's q and k before the dot product
         activation             gelu_tanh | relu | gelu | relu2 | swiglu
         bias                   biases on projections and norms (False: none anywhere)
@@ -175,10 +178,16 @@ class DecoderConfig(ConfigMixin):
     bias: bool = setting(True, "biases on projections and norms")
     logit_softcap: float | None = setting(None, "c: logits = c tanh(logits / c) (null: off)", above=0)
     zero_init_projections: bool = setting(False, "output projections (and an untied head) start at 0")
+    n_kv_heads: int | None = size(None, "key/value heads shared by groups of query heads (null: n_heads; "
+                                  "grouped-query attention)")
+    rope_base: float = setting(10000.0, "rotary positions: the base of the angles pos * base^(-2j/d)", above=0)
     kind: str = kind("decoder")
 
     def validate(self, source: str = "config") -> None:
         super().validate(source)
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise LmforgeError(f"{where(source)}n_heads={self.n_heads} is not divisible by n_kv_heads="
+                               f"{self.n_kv_heads}")
         d_head = self.d_model // self.n_heads
         if self.positions == "rotary" and d_head % 2:
             raise LmforgeError(f"{where(source)}rotary positions need an even head width, got {d_head}")
@@ -191,6 +200,8 @@ class DecoderConfig(ConfigMixin):
         """The switches set away from GPT-2, as ``name=value`` (zero-init is only an initialisation: not listed)."""
         gpt2 = {"norm": "layernorm", "positions": "learned", "qk_norm": False, "bias": True, "logit_softcap": None}
         changed = [f"{k}={getattr(self, k)}" for k, v in gpt2.items() if getattr(self, k) != v]
+        if self.n_kv_heads not in (None, self.n_heads):
+            changed.append(f"n_kv_heads={self.n_kv_heads}")
         if self.activation in ("relu2", "swiglu"):
             changed.append(f"activation={self.activation}")
         return changed

@@ -10,7 +10,8 @@ the new tokens and attends over everything cached: incremental decoding for gene
 
 The ``DecoderConfig`` switches turn the same class into the modern recipe (docs/modern.md): with
 ``positions="rotary"`` there is no table P (each layer rotates its queries and keys instead), with
-``tie_embeddings=False`` the head has its own W_out, and with ``logit_softcap=c``
+``tie_embeddings=False`` the head has its own W_out, with ``n_kv_heads`` < ``n_heads`` the attention is
+grouped-query (the Llama family: ``lmforge.interop.llama``), and with ``logit_softcap=c``
 
     logits = c · tanh(LN_f(h_L) W_outᵀ / c)           each logit bounded to (-c, c)
 """
@@ -56,12 +57,12 @@ class Decoder(nn.Module):
         rotary = c.positions == "rotary"
         # P: (max_positions, D) added to E[x]; or one rotation table shared by every layer's attention
         self.pos_emb = None if rotary else LearnedPositions(c.max_positions, c.d_model)
-        self.rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_positions) if rotary else None
+        self.rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_positions, c.rope_base) if rotary else None
         self.drop = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
             TransformerLayer(c.d_model, c.n_heads, c.d_ff, norm_position="pre", activation=c.activation,
                              dropout=c.dropout, attention_dropout=c.attention_dropout, causal=True, eps=c.eps,
-                             bias=c.bias, rotary=self.rotary, norm=c.norm, qk_norm=c.qk_norm)
+                             bias=c.bias, rotary=self.rotary, norm=c.norm, qk_norm=c.qk_norm, n_kv_heads=c.n_kv_heads)
             for _ in range(c.n_layers)
         )
         self.norm_f = make_norm(c.norm, c.d_model, c.eps, c.bias)

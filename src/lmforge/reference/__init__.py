@@ -9,6 +9,7 @@ from lmforge.reference.attention import (
 )
 from lmforge.reference.attention2d import spatial_self_attention
 from lmforge.reference.cnn import embedding_layer, sentence_cnn, strided_convolution
+from lmforge.reference.gqa import grouped_query_attention
 from lmforge.reference.layers import encoder_layer, feed_forward, gelu, gelu_tanh, layer_norm, relu
 from lmforge.reference.positions import one_hot_positions, sinusoidal_positions
 from lmforge.reference.rnn import lstm_cell, lstm_state_update, sigmoid
@@ -23,6 +24,7 @@ __all__ = [
     "feed_forward",
     "gelu",
     "gelu_tanh",
+    "grouped_query_attention",
     "layer_norm",
     "lstm_cell",
     "lstm_state_update",

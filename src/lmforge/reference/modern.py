@@ -5,7 +5,7 @@
     relu_squared      relu(x)²                                                          So et al. 2021 (Primer)
     swiglu            (silu(x W_gᵀ) ⊙ x W_uᵀ) W_2ᵀ                                      Shazeer 2020
     soft_cap          c · tanh(z / c)                                                   Gemma 2, nanoGPT speedrun
-    self_attention    multi-head attention with optional QK-norm and rotary positions
+    self_attention    multi-head (or grouped-query) attention with optional QK-norm and rotary positions
     decoder           a whole pre-norm decoder: embeddings, layers, final norm, head, soft-cap
 
 Written from the equations, not from the torch modules: the rotation below is an explicit 2×2 rotation of
@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from lmforge.reference.attention import causal_mask, scaled_dot_product_attention, split_heads
+from lmforge.reference.attention import causal_mask, split_heads
+from lmforge.reference.gqa import grouped_heads
 from lmforge.reference.layers import ACTIVATIONS, layer_norm
 
 
@@ -92,20 +93,24 @@ def self_attention(
     positions: Sequence[int] | np.ndarray | None = None,
     qk_norm: bool = False,
     eps: float = 1e-5,
+    n_kv_heads: int | None = None,
+    rope_base: float = 10000.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head self-attention of x (N, D); returns (output (N, D), weights (H, N, N)).
 
-    p: w_q, w_k, w_v (H d, D), w_o (D, H d), optional b_q, b_k, b_v, b_o; with qk_norm, g_q and g_k (d,).
-    QK-norm first (RMSNorm of each head's q and k), then the rotation when positions are given.
+    p: w_q (H d, D), w_k, w_v (H_kv d, D), w_o (D, H d), optional b_q, b_k, b_v, b_o; with qk_norm, g_q and
+    g_k (d,). QK-norm first (RMSNorm of each head's q and k), then the rotation when positions are given.
+    n_kv_heads: H_kv key/value heads, query head h reading group floor(h / (H / H_kv)) (None: H_kv = H).
     """
+    n_kv_heads = n_kv_heads or n_heads
     q = split_heads(x @ p["w_q"].T + p.get("b_q", 0.0), n_heads)  # (H, N, d)
-    k = split_heads(x @ p["w_k"].T + p.get("b_k", 0.0), n_heads)
-    v = split_heads(x @ p["w_v"].T + p.get("b_v", 0.0), n_heads)
+    k = split_heads(x @ p["w_k"].T + p.get("b_k", 0.0), n_kv_heads)  # (H_kv, N, d)
+    v = split_heads(x @ p["w_v"].T + p.get("b_v", 0.0), n_kv_heads)
     if qk_norm:
         q, k = rms_norm(q, p["g_q"], eps), rms_norm(k, p["g_k"], eps)
     if positions is not None:
-        q, k = rotate(q, positions), rotate(k, positions)
-    heads, weights = scaled_dot_product_attention(q, k, v, mask)  # (H, N, d), (H, N, N)
+        q, k = rotate(q, positions, rope_base), rotate(k, positions, rope_base)
+    heads, weights = grouped_heads(q, k, v, mask)  # (H, N, d), (H, N, N)
     concat = heads.transpose(1, 0, 2).reshape(x.shape[0], -1)  # (N, H d)
     return concat @ p["w_o"].T + p.get("b_o", 0.0), weights
 
@@ -126,6 +131,8 @@ def decoder_layer(
     positions: Sequence[int] | np.ndarray | None = None,
     qk_norm: bool = False,
     eps: float = 1e-5,
+    n_kv_heads: int | None = None,
+    rope_base: float = 10000.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One pre-norm causal layer: h = x + MHA(N_1(x)); y = h + FFN(N_2(h)). Returns (y (N, D), weights).
 
@@ -134,7 +141,7 @@ def decoder_layer(
     """
     mask = causal_mask(x.shape[0])
     a, weights = self_attention(norm(x, norm_kind, p["n1_g"], p.get("n1_b"), eps), p, n_heads, mask,
-                                positions, qk_norm, eps)
+                                positions, qk_norm, eps, n_kv_heads, rope_base)
     h = x + a
     f = feed_forward(norm(h, norm_kind, p["n2_g"], p.get("n2_b"), eps), p["w_1"], p["w_2"], activation,
                      p.get("b_1", 0.0), p.get("b_2", 0.0))
@@ -151,13 +158,16 @@ def decoder(
     qk_norm: bool = False,
     logit_softcap: float | None = None,
     eps: float = 1e-5,
+    n_kv_heads: int | None = None,
+    rope_base: float = 10000.0,
 ) -> np.ndarray:
     """Logits (T, V) of a decoder on token ids (T,):
 
         h_0 = E[x] (+ P[0..T-1] unless rotary);  h_l = layer_l(h_{l-1});  z = N_f(h_L) W_outᵀ;  soft-cap(z)
 
     p: tok_emb (V, D), pos_emb (max, D) unless rotary, layers (a list of ``decoder_layer`` dicts),
-    nf_g, nf_b (optional), w_out (V, D) (the embedding itself for a tied head).
+    nf_g, nf_b (optional), w_out (V, D) (the embedding itself for a tied head). The Llama family is
+    norm_kind='rmsnorm', activation='swiglu', rotary=True with its rope_base, and n_kv_heads < n_heads.
     """
     ids = np.asarray(ids)
     positions = np.arange(len(ids))
@@ -165,6 +175,7 @@ def decoder(
     if not rotary:
         h = h + p["pos_emb"][positions]
     for layer in p["layers"]:  # type: ignore[attr-defined]
-        h, _ = decoder_layer(h, layer, n_heads, norm_kind, activation, positions if rotary else None, qk_norm, eps)
+        h, _ = decoder_layer(h, layer, n_heads, norm_kind, activation, positions if rotary else None, qk_norm, eps,
+                             n_kv_heads, rope_base)
     z = norm(h, norm_kind, p["nf_g"], p.get("nf_b"), eps) @ p["w_out"].T  # (T, V)
     return z if logit_softcap is None else soft_cap(z, logit_softcap)

@@ -203,11 +203,11 @@ def hidden_matrices(model: nn.Module) -> dict[int, tuple[int, ...] | None]:
             if isinstance(m, nn.Linear):
                 splits.setdefault(id(m.weight), None)  # a stacked weight keeps the splits set by its owner
             if isinstance(m, MultiHeadAttention):
-                qk, v = m.n_heads * m.d_qk, m.n_heads * m.d_v
+                q, k, v = m.widths()  # W_q, W_k, W_v rows (fewer for W_k, W_v with grouped-query attention)
                 if m.cross:
-                    splits[id(m.kv_proj.weight)] = (qk, v)
+                    splits[id(m.kv_proj.weight)] = (k, v)
                 else:
-                    splits[id(m.in_proj.weight)] = (qk, qk, v)
+                    splits[id(m.in_proj.weight)] = (q, k, v)
             if isinstance(m, FeedForward) and m.gated:
                 half = m.fc1.weight.shape[0] // 2
                 splits[id(m.fc1.weight)] = (half, half)
