@@ -63,12 +63,12 @@ def beam_search(
     stop_ids: list[int],
     pad_id: int,
     length_penalty: float = 1.0,
-    step_fn=None,
 ) -> tuple[list[list[int]], list[float]]:
     """Best sequence (new tokens, stop token included) and its normalised score for each of ``batch`` prompts.
 
     ``steps`` holds the ``batch`` prompts; they are expanded to batch * beams rows here: row b*K + j is
-    beam j of prompt b. ``step_fn(steps, tokens)``, when given, replaces ``steps.next`` (a fixed-shape step).
+    beam j of prompt b. ``steps`` may be a plain stepper (generation/steps.py) or the engine's slots
+    (``engine.SlotSteps``: its compiled fixed-shape step).
     """
     k = beams
     if max_new_tokens == 0:
@@ -87,7 +87,6 @@ def beam_search(
     stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
     first_row = (torch.arange(batch, device=device) * k)[:, None]  # (B, 1) row of beam 0 of each prompt
     own_rows = first_row + torch.arange(k, device=device)  # (B, K)
-    step_fn = step_fn or (lambda s, x: s.next(x))
 
     for t in range(max_new_tokens):
         norm = float(t + 1) ** length_penalty  # every candidate of this step has t + 1 tokens
@@ -117,7 +116,7 @@ def beam_search(
         if t + 1 == max_new_tokens or ((t + 1) % CHECK_EVERY == 0 and bool(done.all())):
             break
         steps.reorder(index)
-        logits = step_fn(steps, tokens[:, t])
+        logits = steps.next(tokens[:, t])
 
     # out of steps: the running beams of the prompts not done compete with the finished ones
     running = tokens.view(batch, k, -1).clone()

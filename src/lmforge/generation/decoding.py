@@ -22,13 +22,15 @@ model's ``eos_id`` by default); rows that stopped are filled with ``pad_id``.
 Prompts of different lengths go in one batch padded on the left (``pad_prompts``): each row then gives
 what the prompt gives alone. For streaming, ``stream`` yields each step's tokens (B,) as they are chosen.
 
-Speed: the loop does the least work per step. The cache is preallocated (no ``torch.cat``), only the
-last position's logits are looked at, no mask or positions are built when nothing is padded, the chosen
-tokens go into a preallocated (B, N) tensor, and everything runs under ``torch.inference_mode``.
+Two loops, one way to choose a token (``sampling.draw``): lmforge's Transformer decoders and encoder-decoders
+run on the decoding engine (generation/engine.py: fixed-shape slots, compiled once per bucket), each row a
+request with its own generator (``seed + row``); other models (RNNs, toys, ``use_cache=False``, the
+reference the cache is tested against) run on a plain stepper (generation/steps.py) with the same draws.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,24 +40,16 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.beam import beam_search
-from lmforge.generation.sampling import exponential_noise, next_token
-from lmforge.generation.sampling import repetition_penalty as repetition_penalty_
-from lmforge.generation.static import (
-    FixedStep,
-    compiled,
-    decode_step,
-    fixed_logits,
-    release_caches,
-    reusable_caches,
-    supports_fixed_shapes,
-)
+from lmforge.generation.engine import Engine, Generation, Request, SlotSteps
+from lmforge.generation.sampling import draw
+from lmforge.generation.slots import MIN_ROWS, bucket, buckets
 from lmforge.generation.steps import make_steps
 from lmforge.generation.text import StopStrings
+from lmforge.models.decoder import Decoder
 from lmforge.models.interfaces import is_encoder_decoder
+from lmforge.models.seq2seq import Seq2Seq
 
 __all__ = ["GenerationOutput", "generate", "pad_prompts", "stream"]
-
-CHECK_EVERY = 16  # generate reads "has every row stopped?" every 16 tokens, not after each (a read waits)
 
 
 @dataclass
@@ -97,6 +91,15 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
     return ids.to(device), mask.to(device)
 
 
+def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
+    """Each row's real tokens, the padding left out: [[5, 6, 7], [8]] from ``pad_prompts``' output."""
+    ids = input_ids.tolist()
+    if attention_mask is None:
+        return ids
+    return [[t for t, m in zip(row, keep, strict=True) if m] for row, keep in zip(ids, attention_mask.tolist(),
+                                                                                   strict=True)]
+
+
 def check_options(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
                   top_p: float | None, beams: int, repetition_penalty: float = 1.0) -> None:
     """Reject settings that make no sense, naming the option (the CLI prints it as one line)."""
@@ -131,6 +134,136 @@ def model_ids(model: nn.Module, stop_ids: Sequence[int] | None, pad_id: int | No
     return stop, pad_id
 
 
+# -- engines kept per model: the same slots (and compiled graphs, CUDA graphs' addresses) for every call ------------
+_ENGINES: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+
+
+def engine_for(model: nn.Module, rows: int, longest: int, source: int, compile: bool, tokenizer: Any = None,
+               start_id: int | None = None) -> Engine | None:
+    """An idle engine on ``model`` with >= ``rows`` slots and room for ``longest`` tokens (an encoder-decoder's
+    ``source`` too); None for models the engine does not drive (RNNs, captioners, toys)."""
+    if type(model) not in (Decoder, Seq2Seq):
+        return None
+    context = model.config.max_positions
+    sizes = buckets(min(256, context), context)
+    if longest > context or source > context:
+        return None  # too long: the stepper says so, naming the option
+    slots = bucket(rows, buckets(MIN_ROWS, max(rows, MIN_ROWS)))
+    weight = next(model.parameters())
+    key = (slots, bucket(longest, sizes), bucket(source, sizes) if source else 0, compile, weight.device,
+           weight.dtype, start_id)
+    pool = _ENGINES.setdefault(model, {})
+    engine = pool.get(key)
+    if engine is None or engine.busy:
+        engine = Engine(model, slots, key[1], tokenizer, compile, memory=key[2] or None, start_id=start_id)
+        pool.setdefault(key, engine)
+    engine.tokenizer = tokenizer
+    return engine
+
+
+def wants_compile(compile: bool | None, device: torch.device) -> bool:
+    """``compile`` with None resolved: on for CUDA (where CUDA graphs pay), off elsewhere."""
+    return device.type == "cuda" if compile is None else compile
+
+
+# -- the two loops -------------------------------------------------------------------------------------------------
+@dataclass
+class Options:
+    """The settings of one ``stream`` / ``generate`` call, every row alike."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    repetition_penalty: float
+    stop: list[int]
+    pad: int
+    stop_strings: Sequence[str]
+    keep_logits: bool
+
+    def request(self, ids: list[int], seed: int | None, generator: torch.Generator | None) -> Request:
+        return Request(ids, self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.repetition_penalty,
+                       seed, generator, self.stop, self.stop_strings, self.keep_logits)
+
+
+def engine_steps(engine: Engine, prompts: list[list[int]], o: Options, seeds: list[int | None],
+                 generator: torch.Generator | None, record: list[Generation]) -> Iterator[list[int]]:
+    """Each step's tokens (B,) of the prompts as requests of ``engine`` (pad for the rows that ended)."""
+    engine.busy = True
+    record.extend(engine.submit(o.request(p, s, generator)) for p, s in zip(prompts, seeds, strict=True))
+    try:
+        for t in range(o.max_new_tokens):
+            while not all(g.done or len(g.tokens) > t for g in record):
+                engine.step()
+            if all(len(g.tokens) <= t for g in record):
+                return
+            yield [g.tokens[t] if len(g.tokens) > t else o.pad for g in record]
+    finally:
+        for g in record:
+            g.cancel()
+        engine.step()  # frees the slots of requests left unfinished (a stream closed early)
+        engine.busy = False
+
+
+def stepper_steps(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, o: Options,
+                  seeds: list[int | None], generator: torch.Generator | None, use_cache: bool, start_id: int | None,
+                  tokenizer: Any, record: list[Generation]) -> Iterator[list[int]]:
+    """The same draws on a plain stepper (generation/steps.py): RNNs, toys, ``use_cache=False``."""
+    b, device = input_ids.shape[0], input_ids.device
+    record.extend(Generation(o.request([], s, generator)) for s in seeds)
+    generators = [generator or (torch.Generator(device).manual_seed(s) if s is not None else None) for s in seeds]
+    settings = torch.tensor([[o.temperature, o.top_k or 0, o.top_p or 1.0, o.repetition_penalty]] * b,
+                            device=device).T  # (4, B)
+    texts = StopStrings(tokenizer, o.stop_strings, b) if o.stop_strings else None
+    seen, tokens = None, [0] * b
+    with torch.inference_mode():
+        steps = make_steps(model, input_ids, attention_mask, o.max_new_tokens, use_cache, start_id)
+        logits = steps.first() if o.max_new_tokens else None  # (B, V)
+        if o.repetition_penalty != 1.0 and logits is not None:
+            seen = seen_tokens(model, input_ids, attention_mask, logits.shape[-1])
+    for t in range(o.max_new_tokens):
+        with torch.inference_mode():
+            if t:
+                logits = steps.next(torch.tensor(tokens, device=device))
+            live = [not g.done for g in record]
+            chosen = draw(logits, settings, generators, [o.temperature > 0 and x for x in live], seen).tolist()
+            tokens = [c if x else o.pad for c, x in zip(chosen, live, strict=True)]
+            if seen is not None:
+                seen = seen.scatter(1, torch.tensor(tokens, device=device)[:, None], True)
+        hits = texts.update(torch.tensor(tokens)).tolist() if texts is not None else [False] * b
+        for row, (g, token, alive, hit) in enumerate(zip(record, tokens, live, hits, strict=True)):
+            if alive:
+                g.tokens.append(token)
+                if o.keep_logits:
+                    g.logits.append(logits[row])
+                if token in o.stop or hit:
+                    g.finish_reason = "stop"
+                elif len(g.tokens) == o.max_new_tokens:
+                    g.finish_reason = "length"
+        yield tokens
+        if all(g.done for g in record):
+            return
+
+
+def decode_rows(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, o: Options,
+                seed: int | None, generator: torch.Generator | None, use_cache: bool, start_id: int | None,
+                compile: bool | None, tokenizer: Any, record: list[Generation]) -> Iterator[list[int]]:
+    """The steps of every row on the engine (lmforge Transformers) or the plain stepper (the rest)."""
+    prompts = prompt_rows(input_ids, attention_mask)
+    seeds = [None if seed is None else seed + row for row in range(len(prompts))]  # each row its own stream
+    engine = None
+    if use_cache and o.max_new_tokens:
+        seq2seq = is_encoder_decoder(model)
+        longest = (1 if seq2seq else max(map(len, prompts))) + o.max_new_tokens
+        source = max(map(len, prompts)) if seq2seq else 0
+        engine = engine_for(model, len(prompts), longest, source, wants_compile(compile, input_ids.device),
+                            tokenizer, start_id)
+    if engine is not None:
+        return engine_steps(engine, prompts, o, seeds, generator, record)
+    return stepper_steps(model, input_ids, attention_mask, o, seeds, generator, use_cache, start_id, tokenizer,
+                         record)
+
+
 def stream(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -145,84 +278,27 @@ def stream(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     start_id: int | None = None,
-    logits_out: list[torch.Tensor] | None = None,
     compile: bool | None = None,
-    check_every: int = 1,
     repetition_penalty: float = 1.0,
-    stop_strings: Sequence[str] | StopStrings | None = None,
+    stop_strings: Sequence[str] | None = None,
     tokenizer: Any = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) step by step: greedy or sampled, with a KV cache.
 
     Arguments as in ``generate``. A row that has stopped yields ``pad_id``; the iteration ends when every
-    row has stopped or after ``max_new_tokens`` steps. ``logits_out``, when given, receives each step's
-    raw logits (B, V). Whether every row has stopped is read every ``check_every`` steps (a read waits for
-    the device); the steps in between yield ``pad_id`` for the rows that stopped. ``stop_strings`` (with the
-    ``tokenizer``) end a row when its text holds one of them; ``repetition_penalty`` θ > 1 makes tokens
-    already in the text less likely (``sampling.repetition_penalty``).
+    row has stopped or after ``max_new_tokens`` steps.
 
     >>> for tokens in stream(model, ids, max_new_tokens=3):    # doctest: +SKIP
     ...     print(tokenizer.decode(tokens.tolist()), end="", flush=True)
     """
     check_options(input_ids, max_new_tokens, temperature, top_k, top_p, 1, repetition_penalty)
-    stop, pad_id = model_ids(model, stop_ids, pad_id)
-    device = input_ids.device
-    text_stops = text_stops_for(stop_strings, tokenizer, input_ids.shape[0])
-    if generator is None and seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-    stop_tensor = torch.tensor(stop, dtype=torch.long, device=device) if stop else None
-    fixed = wants_compile(compile, device) and use_cache
-    # inference_mode is entered around each piece of work, not around the yield: a generator's context
-    # would otherwise stay active in the caller's code between steps.
-    with torch.inference_mode():
-        caches = reusable_caches(model, input_ids, max_new_tokens) if fixed else None
-    try:
-        with torch.inference_mode():
-            steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id, caches)
-            logits = steps.first() if max_new_tokens else None  # (B, V) the prompt, eagerly
-            scores_shape = logits.shape if logits is not None else None
-            finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=device)  # (B,)
-            tokens = finished.long()  # replaced by the first choice
-            seen = None
-            if repetition_penalty != 1.0 and logits is not None:  # (B, V): the tokens each row's text holds
-                seen = seen_tokens(model, input_ids, attention_mask, logits.shape[-1])
-            step = FixedStep(steps) if fixed and max_new_tokens > 1 and supports_fixed_shapes(steps) else None
-            step_fn = compiled(decode_step, device.type) if step is not None else None
-        for t in range(max_new_tokens):
-            with torch.inference_mode():
-                if t == 0 or step is None:  # eager: the model step, then the choice
-                    logits = logits if t == 0 else steps.next(tokens)
-                    scores = repetition_penalty_(logits, seen, repetition_penalty) if seen is not None else logits
-                    tokens = next_token(scores, temperature, top_k, top_p, generator)  # (B,)
-                    if stop_tensor is not None or text_stops is not None:
-                        tokens = tokens.masked_fill(finished, pad_id)
-                    if stop_tensor is not None:
-                        finished = finished | torch.isin(tokens, stop_tensor)
-                    if seen is not None:
-                        seen = seen.scatter(1, tokens[:, None], True)
-                else:  # one compiled call: model step, choice and stop bookkeeping
-                    noise = exponential_noise(scores_shape, device, generator) if temperature > 0 else None
-                    out = step_fn(step, tokens, finished, noise, temperature, top_k, top_p, pad_id, stop_tensor,
-                                  seen, repetition_penalty)
-                    tokens, finished = out[0].clone(), out[1].clone()  # a CUDA graph reuses its outputs
-                    logits = out[2].clone() if logits_out is not None else None
-                    seen = out[3].clone() if seen is not None else None
-                    step.column += 1
-                if text_stops is not None:  # decoded on the host: one wait per token, only when asked for
-                    finished = finished | text_stops.update(tokens)
-                if logits_out is not None:
-                    logits_out.append(logits)
-            yield tokens
-            ends = stop or text_stops is not None
-            if t + 1 == max_new_tokens or (ends and (t + 1) % check_every == 0 and bool(finished.all())):
-                return
-    finally:
-        release_caches(model, caches)
-
-
-def wants_compile(compile: bool | None, device: torch.device) -> bool:
-    """``compile`` with None resolved: on for CUDA (where CUDA graphs pay), off elsewhere."""
-    return device.type == "cuda" if compile is None else compile
+    if stop_strings and tokenizer is None:
+        raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
+    stop, pad = model_ids(model, stop_ids, pad_id)
+    o = Options(max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, pad, stop_strings or (), False)
+    for tokens in decode_rows(model, input_ids, attention_mask, o, seed, generator, use_cache, start_id, compile,
+                              tokenizer, []):
+        yield torch.tensor(tokens, device=input_ids.device)
 
 
 def generate(
@@ -262,12 +338,13 @@ def generate(
         length_penalty: beam search ranks finished sequences by log p / length ** length_penalty.
         stop_ids: tokens that end a row (kept in the output); default [model.config.eos_id].
         pad_id: fills rows after their stop token; default the model's pad_id, else eos_id, else 0.
-        seed / generator: make sampling reproducible (same seed, same output).
+        seed: row b samples from its own generator seeded ``seed + b`` (the same row gives the same sample
+            whatever else is in the batch); ``generator``: all rows draw from this one stream instead.
         use_cache: False re-runs the whole prefix every step (the reference the cache is tested against).
         start_id: first decoder token of an encoder-decoder (default config.bos_id).
         output_logits: also return every step's raw logits (B, N, V).
-        compile: decode each token with one fixed-shape step compiled by ``torch.compile`` (CUDA graphs on
-            CUDA; generation/static.py); None = on when the device is CUDA. Same tokens as eager.
+        compile: the engine's prefill and step compiled by ``torch.compile`` once per bucket (CUDA graphs on
+            CUDA; generation/engine.py); None = on when the device is CUDA. Same tokens as eager.
         repetition_penalty: θ > 1 makes tokens already in the text (prompt and new tokens) less likely
             (CTRL, Keskar et al. 2019); greedy and sampling.
         stop_strings: end a row once its new text holds one of these strings (kept, like stop tokens), with
@@ -277,70 +354,59 @@ def generate(
     stop, pad = model_ids(model, stop_ids, pad_id)
     if beams > 1 and stop_strings:
         raise LmforgeError("stop_strings: beam search ends on stop tokens only; use greedy or sampling")
+    if stop_strings and tokenizer is None:
+        raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
     if beams > 1:
         seqs, scores = run_beams(model, input_ids, attention_mask, beams, max_new_tokens, stop, pad,
                                  length_penalty, use_cache, start_id, wants_compile(compile, input_ids.device))
-        width = max((len(s) for s in seqs), default=0)
-        tokens = torch.full((len(seqs), width), pad, dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        lengths = torch.tensor([len(s) for s in seqs])
-        return GenerationOutput(tokens.to(input_ids.device), lengths.to(input_ids.device),
-                                scores=torch.tensor(scores))
+        return outputs(seqs, pad, input_ids.device, scores=torch.tensor(scores))
+    o = Options(max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, pad, stop_strings or (),
+                output_logits)
+    record: list[Generation] = []
+    for _ in decode_rows(model, input_ids, attention_mask, o, seed, generator, use_cache, start_id, compile,
+                         tokenizer, record):
+        pass
+    logits = None
+    if output_logits:
+        width = max(len(g.logits) for g in record)
+        vocab = next(x for g in record for x in g.logits).shape[-1] if width else 0
+        logits = torch.zeros(len(record), width, vocab, device=input_ids.device)  # (B, N, V)
+        for row, g in enumerate(record):
+            if g.logits:
+                logits[row, : len(g.logits)] = torch.stack(g.logits)
+    return outputs([g.tokens for g in record], pad, input_ids.device, logits=logits)
 
-    b = input_ids.shape[0]
-    out = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=input_ids.device)  # (B, N)
-    logits: list[torch.Tensor] | None = [] if output_logits else None
-    n = 0
-    text_stops = text_stops_for(stop_strings, tokenizer, b)
-    for n, tokens in enumerate(stream(model, input_ids, attention_mask, max_new_tokens, temperature, top_k,
-                                      top_p, stop, pad, seed, generator, use_cache, start_id, logits, compile,
-                                      check_every=CHECK_EVERY, repetition_penalty=repetition_penalty,
-                                      stop_strings=text_stops), 1):
-        out[:, n - 1] = tokens
-    if stop:  # the steps past the last row's stop token (read every CHECK_EVERY steps) are dropped
-        lengths = first_stop(out[:, :n], stop) + 1
-        stopped = torch.isin(out[:, :n], torch.tensor(stop, device=out.device)).any(1)
-    else:
-        lengths = torch.full((b,), n, device=input_ids.device)
-        stopped = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
-    if text_stops is not None:  # a stop string can end a row before (or without) a stop token
-        by_text = torch.tensor([e if e is not None else n for e in text_stops.ends], device=lengths.device)
-        lengths = torch.minimum(lengths, by_text)
-        stopped = stopped | torch.tensor([e is not None for e in text_stops.ends], device=stopped.device)
-    if (stop or text_stops is not None) and n and bool(stopped.all()):
-        n = int(lengths.max())
-    stacked = torch.stack(logits[:n], dim=1) if logits else None  # (B, N, V)
-    return GenerationOutput(out[:, :n], lengths, stacked)
+
+def outputs(seqs: list[list[int]], pad: int, device: torch.device, **extra: Any) -> GenerationOutput:
+    """Token lists -> a padded (B, N) tensor and the lengths."""
+    width = max((len(s) for s in seqs), default=0)
+    tokens = torch.full((len(seqs), width), pad, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    lengths = torch.tensor([len(s) for s in seqs])
+    return GenerationOutput(tokens.to(device), lengths.to(device), **extra)
 
 
 def run_beams(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, beams: int,
               max_new_tokens: int, stop: list[int], pad: int, length_penalty: float, use_cache: bool,
-              start_id: int | None, fixed: bool) -> tuple[list[list[int]], list[float]]:
-    """Beam search; with ``fixed``, each step after the first is one compiled fixed-shape model call."""
-    with torch.inference_mode():
-        steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
-        step_fn = None
-        if fixed and use_cache and supports_fixed_shapes(steps):
-            fixed_step: list[FixedStep] = []  # built once the beams are expanded, at the first step
-
-            def step_fn(s, tokens):
-                if not fixed_step:
-                    fixed_step.append(FixedStep(s))
-                return fixed_step[0].next(tokens, compiled(fixed_logits, input_ids.device.type))
-
-        return beam_search(steps, input_ids.shape[0], beams, max_new_tokens, stop, pad, length_penalty, step_fn)
-
-
-def text_stops_for(strings: Sequence[str] | StopStrings | None, tokenizer: Any, batch: int) -> StopStrings | None:
-    """The stop-string tracker for ``strings`` (None when there are none)."""
-    if strings is None or isinstance(strings, StopStrings):
-        return strings
-    if not strings:
-        return None
-    if tokenizer is None:
-        raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
-    return StopStrings(tokenizer, strings, batch)
+              start_id: int | None, compile: bool) -> tuple[list[list[int]], list[float]]:
+    """Beam search; lmforge's Transformers search on the engine's slots (its compiled step), others on a stepper."""
+    b = input_ids.shape[0]
+    prompts = prompt_rows(input_ids, attention_mask)
+    seq2seq = is_encoder_decoder(model)
+    longest = (1 if seq2seq else max(map(len, prompts))) + max_new_tokens
+    engine = engine_for(model, b * beams, longest, max(map(len, prompts)) if seq2seq else 0, compile,
+                        start_id=start_id) if use_cache and max_new_tokens else None
+    if engine is None:
+        with torch.inference_mode():
+            steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
+            return beam_search(steps, b, beams, max_new_tokens, stop, pad, length_penalty)
+    engine.busy = True
+    try:
+        with torch.inference_mode():
+            return beam_search(SlotSteps(engine, prompts), b, beams, max_new_tokens, stop, pad, length_penalty)
+    finally:
+        engine.busy = False
 
 
 def seen_tokens(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -353,15 +419,3 @@ def seen_tokens(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     real = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
     hits = torch.zeros(input_ids.shape[0], vocab, dtype=torch.long, device=input_ids.device)
     return hits.scatter_reduce(1, input_ids, real, "amax").bool()
-
-
-def first_stop(tokens: torch.Tensor, stop: Sequence[int]) -> torch.Tensor:
-    """(B,) index of each row's first stop token, or N - 1 when there is none.
-
-    >>> first_stop(torch.tensor([[4, 2, 0], [4, 5, 6]]), [2]).tolist()
-    [1, 2]
-    """
-    hit = torch.isin(tokens, torch.tensor(list(stop), device=tokens.device))  # (B, N)
-    n = tokens.shape[1]
-    index = torch.where(hit, torch.arange(n, device=tokens.device), n - 1)
-    return index.min(dim=1).values if n else torch.zeros(tokens.shape[0], dtype=torch.long)

@@ -18,6 +18,8 @@ drawing q ourselves gives the same token for the same generator state, without t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -27,10 +29,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     >>> top_k_filter(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), 2).tolist()
     [[-inf, 3.0, 2.0, -inf]]
     """
-    if k >= logits.shape[-1]:
-        return logits
-    kth = logits.topk(k, dim=-1).values[..., -1:]  # (B, 1) the k-th largest
-    return logits.masked_fill(logits < kth, float("-inf"))
+    return filter_rows(logits, torch.full(logits.shape[:1], k), torch.ones(logits.shape[:1]))
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -43,27 +42,83 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     >>> top_p_filter(z, 0.75).isfinite().tolist()       # 0.5 < 0.75 <= 0.5 + 0.3
     [[True, True, False, False]]
     """
-    if p >= 1.0:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
-    drop_sorted = mass_before >= p  # (B, V) in sorted order; position 0 always has mass_before = 0
+    return filter_rows(logits, torch.zeros(logits.shape[:1], dtype=torch.long), torch.full(logits.shape[:1], p))
+
+
+def filter_rows(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-k, then top-p of what is left, each row with its own k (0: off) and p (1: off); logits (R, V).
+
+    One sort serves both: the k-th largest value bounds the first filter (ties kept, as Hugging Face does), and
+    the cumulative mass of the survivors, renormalised, decides the second.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (R, V)
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab).to(logits.device)  # (R,)
+    kth = sorted_logits.gather(-1, (k - 1)[:, None])  # (R, 1) the k-th largest value
+    drop_k = sorted_logits < kth  # (R, V) in sorted order
+    probs = sorted_logits.masked_fill(drop_k, float("-inf")).softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely survivors
+    drop_sorted = drop_k | (mass_before >= top_p.to(logits.device)[:, None])  # position 0 is always kept
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 
 
-def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
     """CTRL's penalty (as Hugging Face's ``repetition_penalty``): a token already in the text is made less
     likely, its logit divided by θ when positive and multiplied by θ when negative (θ > 1 penalises).
 
-    logits (B, V), seen (B, V) bool: which tokens each row's text holds.
+    logits (B, V), seen (B, V) bool: which tokens each row's text holds; penalty θ, or (B,) one per row.
 
     >>> repetition_penalty(torch.tensor([[2.0, -1.0, 3.0]]), torch.tensor([[True, True, False]]), 2.0).tolist()
     [[1.0, -2.0, 3.0]]
     """
     z = logits.float()
-    return torch.where(seen, torch.where(z > 0, z / penalty, z * penalty), z)
+    theta = penalty[:, None] if isinstance(penalty, torch.Tensor) else penalty
+    return torch.where(seen, torch.where(z > 0, z / theta, z * theta), z)
+
+
+def choose(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           noise: torch.Tensor | None, filtered: bool | None = None) -> torch.Tensor:
+    """One token per row, each row by its own settings: logits (R, V) -> (R,).
+
+    temperature (R,): 0 is greedy (argmax), else softmax(z / T) filtered by top_k (R,) (0: off) and top_p (R,)
+    (1: off) and drawn with ``noise`` (R, V) of Exp(1) (None when no row samples). A row's token depends on
+    its own logits, settings and noise only. ``filtered``: whether any row has top_k or top_p (None: look, which
+    waits for the device; the engine knows it on the host).
+
+    >>> z = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]])
+    >>> choose(z, torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.ones(2), None).tolist()
+    [1, 0]
+    """
+    greedy = logits.argmax(dim=-1)  # (R,)
+    if noise is None:
+        return greedy
+    sampling = temperature > 0
+    z = logits.float() / torch.where(sampling, temperature, 1.0)[:, None]
+    if filtered if filtered is not None else bool(((top_k > 0) | (top_p < 1)).any()):
+        z = filter_rows(z, top_k, top_p)
+    sampled = (torch.softmax(z, dim=-1) / noise).argmax(dim=-1)  # = torch.multinomial(probs, 1)
+    return torch.where(sampling.to(logits.device), sampled, greedy)
+
+
+def draw(logits: torch.Tensor, settings: torch.Tensor, generators: Sequence[torch.Generator | None],
+         sampling: Sequence[bool], seen: torch.Tensor | None = None, filtered: bool = True) -> torch.Tensor:
+    """The next token of each row by its own settings: the one token-choosing step of every decoding loop.
+
+    logits (R, V); settings (4, R): temperature, top_k (0: off), top_p (1: off), repetition penalty (1: off);
+    ``generators[r]`` draws row r's noise when ``sampling[r]`` (None: torch's default generator); ``seen`` (R, V)
+    the tokens already in each row's text, for the penalty (None: no row is penalised).
+    """
+    temperature, top_k, top_p, penalty = settings
+    if seen is not None:
+        logits = repetition_penalty(logits, seen, penalty)
+    noise = None
+    if any(sampling):
+        noise = torch.ones(logits.shape, dtype=torch.float32, device=logits.device)  # (R, V)
+        for row, (samples, generator) in enumerate(zip(sampling, generators, strict=True)):
+            if samples:
+                noise[row] = exponential_noise(logits.shape[-1:], logits.device, generator)
+    return choose(logits, temperature, top_k.long(), top_p, noise, filtered)
 
 
 def next_token(
@@ -74,24 +129,19 @@ def next_token(
     generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row from logits (B, V) -> (B,). temperature 0 is greedy (argmax).
+    """Pick one token per row from logits (B, V) -> (B,), every row with the same settings (``choose``).
 
     noise: (B, V) float32 draws of Exp(1) (``exponential_noise``); default drawn here from ``generator``.
 
     >>> next_token(torch.tensor([[0.1, 2.0, -1.0]])).tolist()
     [1]
     """
-    if temperature == 0.0:
-        return logits.argmax(dim=-1)
-    z = logits.float() / temperature
-    if top_k is not None:
-        z = top_k_filter(z, top_k)
-    if top_p is not None:
-        z = top_p_filter(z, top_p)
-    probs = torch.softmax(z, dim=-1)  # (B, V)
-    if noise is None:
-        noise = exponential_noise(probs.shape, probs.device, generator)
-    return (probs / noise).argmax(dim=-1)  # = torch.multinomial(probs, 1, generator).squeeze(-1)
+    rows = logits.shape[0]
+    if temperature > 0 and noise is None:
+        noise = exponential_noise(logits.shape, logits.device, generator)
+    settings = (torch.full((rows,), float(temperature)), torch.full((rows,), top_k or 0),
+                torch.full((rows,), float(top_p or 1.0)))
+    return choose(logits, *(t.to(logits.device) for t in settings), noise if temperature > 0 else None)
 
 
 def exponential_noise(shape: torch.Size | tuple[int, ...], device: torch.device,

@@ -91,6 +91,7 @@ class Decoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         logits_to_keep: int = 0,
+        logit_positions: torch.Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T): the new tokens (all of them without a cache).
 
@@ -100,6 +101,8 @@ class Decoder(nn.Module):
         caches: from ``new_caches``; each layer's keys/values are appended in place.
         logits_to_keep: n > 0 computes the logits of the last n positions only, (B, n, V): after a prompt
             generation needs one row, not a (B, T, V) tensor of which it keeps ``[:, -1]``.
+        logit_positions: (B,) the one position of each row whose logits to compute, (B, 1, V): the last real
+            token of a right-padded prompt (the decoding engine's prefill).
         hidden_states follow Hugging Face: (embeddings, layer 1, ..., layer L-1, LN_f(layer L)).
         """
         check_ids(input_ids)
@@ -126,7 +129,12 @@ class Decoder(nn.Module):
                 attentions.append(out.self_attention)
         h = self.norm_f(h)  # (B, T, D)
         hidden[-1] = h
-        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)  # (B, T, V) or (B, n, V)
+        scored = h  # the positions whose logits are computed
+        if logit_positions is not None:  # (B, 1, D): row b's hidden state at logit_positions[b]
+            scored = h.gather(1, logit_positions.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
+        elif logits_to_keep:
+            scored = h[:, -logits_to_keep:]  # (B, n, D)
+        logits = self.lm_head(scored)  # (B, T, V), (B, n, V) or (B, 1, V)
         if self.config.logit_softcap is not None:
             logits = soft_cap(logits, self.config.logit_softcap)
         loss = next_token_loss(logits, labels) if labels is not None else None

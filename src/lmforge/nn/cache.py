@@ -5,11 +5,9 @@ are kept, so step t computes projections for the new token only and attends over
 O(t) work per step instead of re-running the whole prefix. The buffers are allocated once at the
 maximum length (no ``torch.cat`` per step), and ``length`` says how much of them is filled.
 
-Fixed shapes. Slicing the buffers at ``length`` gives every step a new shape, and a compiled step (a CUDA
-graph above all) needs the same shapes every time. After ``fix(column)`` the cache writes each new
-position at ``column``, a (1,) tensor on the device that the caller advances, and returns the whole
-buffers; the caller's key mask hides the columns not written yet. No Python number changes from one
-step to the next, so one graph serves them all (generation/static.py).
+This is the cache of one batch decoded together (generation/steps.py, for the models the decoding engine
+does not drive). The engine keeps many requests in fixed-shape slots instead (generation/slots.py), behind
+the same protocol (``append``, ``keys_values``, ``length``): the attention layers serve both.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ class KVCache:
         self.v = torch.empty(batch, n_heads, max_len, d_v, dtype=dtype, device=device)
         self.length = 0
         self.static = False  # True once holding cross-attention memory, which never grows
-        self.column: torch.Tensor | None = None  # fixed shapes: where the next position goes (see ``fix``)
 
     @property
     def max_len(self) -> int:
@@ -48,27 +45,10 @@ class KVCache:
 
     def reset(self) -> None:
         """Empty again (the buffers are kept): one cache serves many generations of the same shape."""
-        self.length, self.static, self.column = 0, False, None
-
-    def fix(self, column: torch.Tensor) -> None:
-        """From now on write one position at ``column`` ((1,) long) and return the whole (B, H, max_len, d).
-
-        The columns not written yet are zeroed: the caller masks them, and a masked column then adds
-        0 · 0 to the attention output, never 0 · NaN from uninitialised memory.
-        """
-        self.k[:, :, self.length:].zero_()
-        self.v[:, :, self.length:].zero_()
-        self.column = column
+        self.length, self.static = 0, False
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, H, T, d) after the filled part; return all keys and values so far.
-
-        Fixed (``fix``): write k, v (B, H, 1, d) at ``column``; return the whole buffers, in place.
-        """
-        if self.column is not None:
-            self.k.index_copy_(2, self.column, k)
-            self.v.index_copy_(2, self.column, v)
-            return self.k, self.v
+        """Write k, v (B, H, T, d) after the filled part; return all keys and values so far."""
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; cannot grow to {end}")

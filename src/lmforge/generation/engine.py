@@ -1,0 +1,371 @@
+"""The decoding engine: requests join and leave between steps; every step decodes all of them at once.
+
+    engine = Engine(model, slots=16, tokenizer=tokenizer)
+    a = engine.submit(Request(prompt_ids, max_new_tokens=64))                    # greedy
+    b = engine.submit(Request(other_ids, temperature=0.8, top_p=0.95, seed=1))    # sampled, its own settings
+    engine.run()                   # or engine.step() in a loop while others submit (continuous batching)
+    a.tokens, a.finish_reason      # [...], "stop" | "length"
+
+How a request travels (docs/generation.md has the picture):
+
+    submit      it waits in a queue (thread-safe: a server submits from its event loop)
+    admit       between two steps it takes the lowest free slot; its prompt is *prefilled* alone, padded on
+                the right to a length bucket, writing its keys and values into its slot; the logits of its
+                last real token give its first new token at once (the time to first token is one prefill)
+    step        all active slots decode together: one token each, written at each slot's own column, attending
+                over the first C_b columns of the first S_b slots (buckets), a mask hiding what is not theirs
+    leave       a stop token, a stop string, max_new_tokens or cancel() frees the slot at once; the next
+                request in the queue takes it at the next admit
+
+Each row is chosen by its own settings (temperature, top-k, top-p, repetition penalty) held as per-slot tensors,
+and draws its noise from its own generator (``seed``): a request's output does not depend on its neighbours
+(greedy: tested equal alone and beside 15 others; ``slots.py`` says why the batch bucket starts at 4 rows).
+
+Compile once: with ``compile=True`` (default on CUDA) the prefill and the step are each compiled with
+``fullgraph=True`` (a graph break is an error) and ``dynamic=False``: one prefill graph per prompt bucket, one
+step graph per (row bucket, capacity bucket). Nothing else varies between calls: positions, lengths and the
+sampling settings are tensors, and the caches never move.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from lmforge.errors import LmforgeError
+from lmforge.generation.sampling import draw
+from lmforge.generation.slots import MIN_ROWS, SlotCaches, bucket, buckets
+from lmforge.generation.text import StopStrings
+from lmforge.models.interfaces import is_encoder_decoder
+
+
+@dataclass
+class Request:
+    """One generation: the prompt (a decoder's) or the source (an encoder-decoder's), and its own settings."""
+
+    ids: Sequence[int]
+    max_new_tokens: int = 50
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    generator: torch.Generator | None = None  # instead of seed: draw from this (shared) stream
+    stop_ids: Sequence[int] | None = None  # None: the model's eos_id
+    stop_strings: Sequence[str] = ()  # needs the engine's tokenizer
+    keep_logits: bool = False  # keep each step's raw logits (V,) in Generation.logits
+    on_token: Callable[[int], None] | None = None  # called (from the engine's thread) with each new token
+
+
+@dataclass(eq=False)
+class Generation:
+    """What ``submit`` returns: the request's tokens so far and, once done, why it ended."""
+
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    cancelled: bool = False
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def cancel(self) -> None:
+        """Free the slot at the next step (any thread may call it)."""
+        self.cancelled = True
+
+
+class Slot:
+    """The host's view of one slot: which generation holds it, how many columns it has written, its settings."""
+
+    def __init__(self, generation: Generation, length: int, source: int, stops: frozenset[int],
+                 texts: StopStrings | None, generator: torch.Generator | None) -> None:
+        self.generation, self.request = generation, generation.request
+        self.length, self.source = length, source  # columns written; an encoder-decoder's source length
+        self.stops, self.texts, self.generator = stops, texts, generator
+        self.token = 0  # the newest token, not yet in the cache: the next step's input
+
+
+def compiled(fn: Callable, device: torch.device, enabled: bool) -> Callable:
+    """``fn`` compiled with ``fullgraph=True, dynamic=False`` (CUDA graphs on CUDA), or ``fn`` itself."""
+    if not enabled:
+        return fn
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    return torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+
+
+class Engine:
+    """Continuous batching over a fixed number of slots (see the module docstring).
+
+    slots: requests decoded together. capacity: the longest text a slot holds (prompt + new tokens; default
+    the model's context, at most 2048). memory: an encoder-decoder's longest source. compile: None = on CUDA.
+    """
+
+    def __init__(self, model: nn.Module, slots: int = 8, capacity: int | None = None, tokenizer=None,
+                 compile: bool | None = None, memory: int | None = None, start_id: int | None = None) -> None:
+        config = model.config
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.seq2seq = is_encoder_decoder(model)
+        context = config.max_positions
+        self.capacity = min(capacity or min(context, 2048), context)
+        self.memory = min(memory or context, context) if self.seq2seq else 0
+        self.device = next(model.parameters()).device
+        self.row_buckets = buckets(MIN_ROWS, max(slots, MIN_ROWS))
+        self.n_slots = self.row_buckets[-1]
+        self.capacity_buckets = buckets(min(256, self.capacity), self.capacity)
+        self.prompt_buckets = buckets(min(16, self.capacity), self.memory if self.seq2seq else self.capacity)
+        self.caches = SlotCaches(model, self.n_slots, self.capacity, self.memory)
+        self.pad_id = config.pad_id if config.pad_id is not None else (config.eos_id or 0)
+        self.start_id = start_id if start_id is not None else getattr(config, "bos_id", None)
+        if self.seq2seq and self.start_id is None:
+            raise LmforgeError("decoder_start_id: the model config has no bos_id; pass start_id")
+        vocab = config.vocab_size
+        self.seen = torch.zeros(self.n_slots, vocab, dtype=torch.bool, device=self.device)  # (S, V) tokens in text
+        self.src_mask = torch.zeros(self.n_slots, max(self.memory, 1), dtype=torch.bool, device=self.device)
+        self.settings = torch.zeros(4, self.n_slots, device=self.device)  # rows: temperature, top_k, top_p, penalty
+        self.settings[2:] = 1.0
+        self.slots: list[Slot | None] = [None] * self.n_slots
+        self.waiting: collections.deque[Generation] = collections.deque()
+        self.lock = threading.Lock()
+        self.busy = False  # generate() / stream() / beam search holding it (generation/decoding.py's pool)
+        self.compile = self.device.type == "cuda" if compile is None else compile
+        if self.compile:
+            graphs = len(self.row_buckets) * len(self.capacity_buckets) + len(self.prompt_buckets)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs + 2)
+            if self.device.type == "cuda":  # CUDA graphs read the caches where they are
+                for kv in self.caches.all():
+                    torch._dynamo.mark_static_address(kv.k)
+                    torch._dynamo.mark_static_address(kv.v)
+        kind = (seq2seq_prefill, seq2seq_step) if self.seq2seq else (decoder_prefill, decoder_step)
+        self.prefill_fn, self.step_fn = (compiled(fn, self.device, self.compile) for fn in kind)
+
+    # -- the queue ----------------------------------------------------------------------------------------------
+    def submit(self, request: Request) -> Generation:
+        """Queue a request (any thread); it enters a slot at the next step."""
+        self.check(request)
+        generation = Generation(request)
+        with self.lock:
+            self.waiting.append(generation)
+        return generation
+
+    def check(self, r: Request) -> None:
+        """Settings that cannot be served are one line, before the request waits."""
+        n, limit = len(r.ids), self.memory if self.seq2seq else self.capacity
+        if n == 0:
+            raise LmforgeError("prompt: every prompt needs at least one token")
+        if n > limit:
+            raise LmforgeError(f"prompt: {n} tokens exceed the engine's {'source' if self.seq2seq else 'context'} "
+                               f"of {limit}")
+        total = (1 if self.seq2seq else n) + r.max_new_tokens
+        if total > self.capacity:
+            raise LmforgeError(f"max_new_tokens: prompt ({n}) + {r.max_new_tokens} new tokens exceed the context "
+                               f"of {self.capacity} tokens")
+        if r.stop_strings and self.tokenizer is None:
+            raise LmforgeError("stop_strings: the engine needs the tokenizer to read the text the tokens make")
+
+    @property
+    def active(self) -> list[int]:
+        return [i for i, s in enumerate(self.slots) if s is not None]
+
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def run(self) -> None:
+        """Step until every submitted request is done."""
+        while not self.idle():
+            self.step()
+
+    # -- one step: retire, admit, decode ------------------------------------------------------------------------
+    def step(self) -> None:
+        with torch.inference_mode():
+            for i in self.active:
+                if self.slots[i].generation.cancelled:
+                    self.finish(i, "cancelled")
+            while self.waiting and None in self.slots:
+                with self.lock:
+                    generation = self.waiting.popleft()
+                if generation.cancelled:
+                    generation.finish_reason = "cancelled"
+                    generation.ended.set()
+                    continue
+                self.admit(self.slots.index(None), generation)
+            if self.active:
+                self.decode()
+
+    def admit(self, i: int, generation: Generation) -> None:
+        """Prefill a request into slot i and emit its first token."""
+        r = generation.request
+        if r.max_new_tokens == 0:
+            generation.finish_reason = "length"
+            generation.ended.set()
+            return
+        n = len(r.ids)
+        logits = self.prefill(i, r.ids)
+        length = 1 if self.seq2seq else n  # the columns written: the start token, or the prompt
+        eos = self.model.config.eos_id
+        stops = frozenset(r.stop_ids if r.stop_ids is not None else [eos] if eos is not None else [])
+        texts = StopStrings(self.tokenizer, r.stop_strings, 1) if r.stop_strings else None
+        generator = r.generator or (torch.Generator(self.device).manual_seed(r.seed) if r.seed is not None else None)
+        self.slots[i] = Slot(generation, length, n, stops, texts, generator)
+        self.settings[:, i] = torch.tensor([r.temperature, r.top_k or 0, r.top_p or 1.0, r.repetition_penalty])
+        if r.repetition_penalty != 1.0:  # the tokens of the text so far: a decoder's starts with its prompt
+            self.seen[i] = False
+            if not self.seq2seq:
+                self.seen[i, torch.as_tensor(list(r.ids), device=self.device)] = True
+        token = self.pick(logits, [i])[0]
+        self.emit(i, token, logits[0])
+
+    def decode(self) -> None:
+        """One token for every active slot, all in one batched model step."""
+        active = self.active
+        held = [s for s in self.slots[: active[-1] + 1]]
+        tokens = torch.tensor([s.token if s else self.pad_id for s in held], device=self.device)
+        logits = self.forward(tokens, [s.length if s else 0 for s in held], [s.source if s else 1 for s in held])
+        logits = logits.index_select(0, torch.tensor(active, device=self.device))  # (A, V) the active slots
+        for i, token, row in zip(active, self.pick(logits, active), logits, strict=True):
+            self.slots[i].length += 1
+            self.emit(i, token, row)
+
+    # -- the two model calls ----------------------------------------------------------------------------------
+    def prefill(self, i: int, ids: Sequence[int]) -> torch.Tensor:
+        """Write a prompt (or a source and the start token) into slot i; the next-token logits (1, V)."""
+        n = len(ids)
+        width = bucket(n, self.prompt_buckets)
+        padded = torch.full((1, width), self.pad_id, dtype=torch.long, device=self.device)  # (1, P_b)
+        padded[0, :n] = torch.as_tensor(list(ids), dtype=torch.long)
+        layers = self.caches.prefill(torch.tensor([i], device=self.device))
+        if not self.seq2seq:
+            return self.prefill_fn(self.model, layers, padded, torch.tensor([n - 1], device=self.device))
+        self.src_mask[i] = False
+        self.src_mask[i, :n] = True
+        start = torch.full((1, 1), self.start_id, dtype=torch.long, device=self.device)
+        return self.prefill_fn(self.model, layers, padded, self.src_mask[i:i + 1, :width], start)
+
+    def forward(self, tokens: torch.Tensor, lengths: list[int], sources: list[int]) -> torch.Tensor:
+        """tokens (R,) of slots [0, R) at their columns ``lengths`` -> next-token logits (R, V), one batched step
+        over the buckets (S_b >= R rows, C_b > every length columns; an encoder-decoder's M_b source columns)."""
+        n = len(lengths)
+        rows = bucket(n, self.row_buckets)
+        columns = bucket(max(lengths) + 1, self.capacity_buckets)
+        padding = [0] * (rows - n)
+        token_rows = torch.cat([tokens, tokens.new_full((rows - n,), self.pad_id)]) if rows > n else tokens
+        lengths_t = torch.tensor(lengths + padding, device=self.device)  # (S_b,)
+        memory = bucket(max(sources), self.prompt_buckets) if self.seq2seq else 0
+        layers = self.caches.step(arange(rows, self.device), lengths_t, columns, memory)
+        if self.seq2seq:
+            logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns, self.src_mask[:rows, :memory])
+        else:
+            logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns)  # (S_b, V)
+        return logits[:n]
+
+    def pick(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
+        """The next token of each of these slots from its logits (len(slots), V), by the slot's own settings."""
+        index = torch.tensor(slots, device=self.device)
+        held = [self.slots[i] for i in slots]
+        penalised = any(s.request.repetition_penalty != 1.0 for s in held)
+        return draw(logits, self.settings[:, index], [s.generator for s in held],
+                    [s.request.temperature > 0 for s in held], self.seen.index_select(0, index) if penalised else None,
+                    filtered=any(s.request.top_k or (s.request.top_p or 1.0) < 1 for s in held)).tolist()
+
+    def emit(self, i: int, token: int, logits: torch.Tensor) -> None:
+        """Hand a token to its generation; end it at a stop token, a stop string or its length."""
+        slot = self.slots[i]
+        g, r = slot.generation, slot.request
+        g.tokens.append(token)
+        slot.token = token
+        if r.repetition_penalty != 1.0:
+            self.seen[i, token] = True
+        if r.keep_logits:
+            g.logits.append(logits.clone())
+        if r.on_token is not None:
+            r.on_token(token)
+        if token in slot.stops or (slot.texts is not None and bool(slot.texts.update(torch.tensor([token]))[0])):
+            self.finish(i, "stop")
+        elif len(g.tokens) >= r.max_new_tokens:
+            self.finish(i, "length")
+
+    def finish(self, i: int, reason: str) -> None:
+        generation = self.slots[i].generation
+        self.slots[i] = None
+        generation.finish_reason = reason
+        generation.ended.set()
+
+class SlotSteps:
+    """Beam search's stepper (``first`` / ``next`` / ``reorder``, generation/steps.py) over an engine's slots.
+
+    The B prompts are prefilled into slots [0, B); ``reorder`` copies slot rows (B -> B*K beams at the first
+    step, then the surviving hypotheses); ``next`` is the engine's step: the same compiled graphs as ``generate``.
+    """
+
+    def __init__(self, engine: Engine, prompts: list[list[int]]) -> None:
+        self.engine, self.prompts = engine, prompts
+        self.lengths: list[int] = []
+        self.sources: list[int] = []
+
+    def first(self) -> torch.Tensor:
+        e, rows = self.engine, []
+        with torch.inference_mode():
+            for i, ids in enumerate(self.prompts):
+                rows.append(e.prefill(i, ids))
+                self.lengths.append(1 if e.seq2seq else len(ids))
+                self.sources.append(len(ids))
+        return torch.cat(rows)  # (B, V)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        picked = index.tolist()
+        self.engine.caches.reorder(index)
+        self.engine.src_mask[: len(picked)] = self.engine.src_mask.index_select(0, index)
+        self.lengths = [self.lengths[j] for j in picked]
+        self.sources = [self.sources[j] for j in picked]
+
+    def next(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (R,) -> the logits that follow them (R, V)."""
+        with torch.inference_mode():
+            logits = self.engine.forward(tokens, self.lengths, self.sources)
+        self.lengths = [n + 1 for n in self.lengths]
+        return logits
+
+
+@functools.cache
+def arange(n: int, device: torch.device) -> torch.Tensor:
+    """[0, n) on the device, made once per (n, device): the rows of a step bucket."""
+    return torch.arange(n, device=device)
+
+
+# -- the model calls, compiled once per bucket ---------------------------------------------------------------------
+def decoder_prefill(model: nn.Module, caches: list, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """ids (1, P_b) right-padded -> the next-token logits after the last real token (1, V)."""
+    return model(ids, caches=caches, logit_positions=last).logits[:, -1]
+
+
+def decoder_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: torch.Tensor,
+                 capacity: int) -> torch.Tensor:
+    """tokens (S_b,) at positions lengths (S_b,) -> next-token logits (S_b, V); row b sees its columns <= lengths[b]."""
+    visible = torch.arange(capacity, device=tokens.device)[None, :] <= lengths[:, None]  # (S_b, C_b)
+    out = model(tokens[:, None], attention_mask=visible, position_ids=lengths[:, None], caches=caches)
+    return out.logits[:, -1]
+
+
+def seq2seq_prefill(model: nn.Module, caches: list, src: torch.Tensor, src_mask: torch.Tensor,
+                    start: torch.Tensor) -> torch.Tensor:
+    """Encode the source (1, S_b) once, fill the cross-attention cache, decode the start token -> (1, V)."""
+    memory = model.encode(src, src_mask).last_hidden_state  # (1, S_b, D)
+    positions = torch.zeros_like(start)
+    return model.decode(start, memory, src_mask=src_mask, caches=caches, position_ids=positions).logits[:, -1]
+
+
+def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: torch.Tensor, capacity: int,
+                 src_mask: torch.Tensor) -> torch.Tensor:
+    """One target token per row, attending to its own target columns and its own source (S_b, M_b)."""
+    visible = torch.arange(capacity, device=tokens.device)[None, :] <= lengths[:, None]  # (S_b, C_b)
+    out = model.decode(tokens[:, None], None, src_mask=src_mask, tgt_mask=visible, caches=caches,
+                       position_ids=lengths[:, None])
+    return out.logits[:, -1]

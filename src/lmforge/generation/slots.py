@@ -1,0 +1,148 @@
+"""Slots: the fixed-shape KV cache of the decoding engine (generation/engine.py), and the buckets that bound its shapes.
+
+An engine holds S slots. Each attention layer keeps the keys and values of all of them in one buffer,
+allocated once, never moved, never reshaped:
+
+    keys, values   (S, H_kv, C, d)       C: the capacity, the longest text a slot may hold
+
+A request owns one slot (one row) from its prefill to its last token. Two ways to write into it:
+
+    prefill   the prompt (1, P_b) of one request into its row, columns [0, P_b); the attention sees only
+              these keys (causal), exactly as the model run alone on the prompt.
+    step      one new token for every row b of [0, S_b) at column lengths[b]; the attention reads columns
+              [0, C_b) of those rows, and the caller's mask shows row b only its columns <= lengths[b].
+
+S_b and C_b are *buckets*: the smallest of a few sizes (4, 8, 16 rows; 256, 512, ... columns) that holds what
+the active requests need. A compiled step is specialised to its shapes, so buckets bound the number of graphs
+(one per (S_b, C_b)) whatever mix of prompt lengths, output lengths and batch sizes arrives.
+
+Why rows never change a neighbour's answer: every row's keys, mask and positions are its own, attention is
+computed per row, and a matrix product gives each row the same bits whatever other rows it is stacked with,
+as long as the product has at least ``MIN_ROWS`` rows (below that, BLAS switches to a matrix-vector kernel with
+another summation order: measured on torch 2.13 CPU). So the smallest step bucket is 4 rows.
+
+``SlotKV`` speaks the attention's cache protocol (``nn/attention.py``: ``append``, ``keys_values``, ``length``):
+the model's layers write and read it without knowing about slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from lmforge.nn.layers import LayerCache
+
+MIN_ROWS = 4  # the smallest step bucket: below 4 rows a row's logits depend on the batch size (BLAS kernels)
+
+
+def buckets(smallest: int, largest: int) -> list[int]:
+    """Powers of two from ``smallest`` up to ``largest`` (which always closes the list).
+
+    >>> buckets(256, 1024), buckets(256, 600), buckets(256, 128)
+    ([256, 512, 1024], [256, 512, 600], [128])
+    """
+    sizes, size = [], smallest
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, largest]
+
+
+def bucket(size: int, sizes: Sequence[int]) -> int:
+    """The smallest bucket that holds ``size``.
+
+    >>> bucket(300, [256, 512, 1024])
+    512
+    """
+    for b in sizes:
+        if b >= size:
+            return b
+    raise ValueError(f"{size} exceeds the largest bucket {sizes[-1]}")
+
+
+class SlotKV:
+    """Keys and values of one attention layer for every slot: (S, H_kv, C, d_k) and (S, H_kv, C, d_v).
+
+    The engine sets the mode before each model call (``prefill`` or ``step``); the layer then calls
+    ``append`` with the new keys and values and attends over what it returns. Unwritten columns hold 0
+    (never uninitialised memory, which could hold NaN: a masked column then adds 0 · 0).
+    """
+
+    def __init__(self, slots: int, heads: int, capacity: int, d_k: int, d_v: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.k = torch.zeros(slots, heads, capacity, d_k, dtype=dtype, device=device)
+        self.v = torch.zeros(slots, heads, capacity, d_v, dtype=dtype, device=device)
+        self.prefilling = True
+        self.rows: torch.Tensor | None = None  # prefill: the slot (1,); step: arange(S_b)
+        self.columns: torch.Tensor | None = None  # step: lengths (S_b,), where each row's new token goes
+        self.view: tuple[int, int] = (0, 0)  # step: (S_b, C_b), the part the attention reads
+        self.length = 0  # the attention's count of cached positions: a cross cache reads "filled" when > 0
+        self.static = False
+
+    def prefill(self, slot: torch.Tensor) -> None:
+        self.prefilling, self.rows, self.length = True, slot, 0
+
+    def step(self, rows: torch.Tensor, columns: torch.Tensor | None, view: tuple[int, int], filled: bool) -> None:
+        self.prefilling, self.rows, self.columns, self.view, self.length = False, rows, columns, view, int(filled)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill: k, v (1, H_kv, P, d) into the slot's columns [0, P), returned as they are.
+        Step: k, v (S_b, H_kv, 1, d) at each row's column; returns the rows' first C_b columns (S_b, H_kv, C_b, d)."""
+        if self.prefilling:
+            n = k.shape[2]
+            rows = self.rows.expand(n)  # (P,) the same slot for every column
+            columns = torch.arange(n, device=k.device)
+            self.k[rows, :, columns] = k[0].transpose(0, 1)  # (P, H_kv, d) into k[slot, :, p]
+            self.v[rows, :, columns] = v[0].transpose(0, 1)
+            return k, v
+        self.k[self.rows, :, self.columns] = k[:, :, 0]  # (S_b, H_kv, d) into k[b, :, lengths[b]]
+        self.v[self.rows, :, self.columns] = v[:, :, 0]
+        return self.keys_values()
+
+    def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, columns = self.view
+        return self.k[:rows, :, :columns], self.v[:rows, :, :columns]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Rows [0, len(index)) become rows ``index`` (beam search keeps and repeats hypotheses)."""
+        n = len(index)
+        self.k[:n] = self.k.index_select(0, index)
+        self.v[:n] = self.v.index_select(0, index)
+
+
+class SlotCaches:
+    """One ``LayerCache`` of ``SlotKV`` per layer (a cross-attention one too for encoder-decoders), and the
+    switches that put all of them in prefill or step mode."""
+
+    def __init__(self, model: torch.nn.Module, slots: int, capacity: int, memory: int = 0) -> None:
+        weight = next(model.parameters())
+        layers = model.decoder_layers if hasattr(model, "decoder_layers") else model.layers
+        self.layers: list[LayerCache] = []
+        for layer in layers:
+            sa, ca = layer.self_attn, layer.cross_attn
+            self_kv = SlotKV(slots, sa.n_kv_heads, capacity, sa.d_qk, sa.d_v, weight.dtype, weight.device)
+            cross = SlotKV(slots, ca.n_kv_heads, memory, ca.d_qk, ca.d_v, weight.dtype, weight.device) \
+                if ca is not None else None
+            self.layers.append(LayerCache(self_kv, cross))
+        self.slots, self.capacity, self.memory = slots, capacity, memory
+
+    def all(self) -> list[SlotKV]:
+        return [kv for layer in self.layers for kv in layer if kv is not None]
+
+    def prefill(self, slot: torch.Tensor) -> list[LayerCache]:
+        for kv in self.all():
+            kv.prefill(slot)
+        return self.layers
+
+    def step(self, rows: torch.Tensor, lengths: torch.Tensor, capacity: int, memory: int) -> list[LayerCache]:
+        n = len(rows)
+        for layer in self.layers:
+            layer.self_attention.step(rows, lengths, (n, capacity), filled=False)
+            if layer.cross_attention is not None:  # written at prefill: read only
+                layer.cross_attention.step(rows, None, (n, memory), filled=True)
+        return self.layers
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for kv in self.all():
+            kv.reorder(index)

@@ -1,0 +1,210 @@
+"""The decoding engine (generation/engine.py): compile once per bucket, continuous batching, rows independent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from lmforge.errors import LmforgeError
+from lmforge.generation import generate
+from lmforge.generation.engine import Engine, Request
+from lmforge.generation.slots import MIN_ROWS, bucket, buckets
+from lmforge.models import Decoder, Seq2Seq, get_preset
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    """One torch thread (the shared fixture in conftest.py)."""
+
+
+def sharpen(model: torch.nn.Module, seed: int, std: float = 0.15) -> torch.nn.Module:
+    """Weights large enough that next-token distributions are far from uniform (no near-ties)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            elif "norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def llama() -> Decoder:
+    """A small Llama-shaped decoder: rotary, RMSNorm, SwiGLU, grouped-query attention (4 query, 2 KV heads)."""
+    config = get_preset("gpt-tiny", vocab_size=300, dropout=0.0, attention_dropout=0.0, positions="rotary",
+                        norm="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2, max_positions=128)
+    return sharpen(Decoder(config), 0)
+
+
+@pytest.fixture(scope="module")
+def gpt() -> Decoder:
+    return sharpen(Decoder(get_preset("gpt-tiny", vocab_size=300, dropout=0.0, attention_dropout=0.0)), 1)
+
+
+@pytest.fixture(scope="module")
+def s2s() -> Seq2Seq:
+    return sharpen(Seq2Seq(get_preset("seq2seq-tiny", dropout=0.0, vocab_size=300)), 2, std=0.2)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 300, (int(torch.randint(2, 40, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def alone(model, ids: list[int], **settings) -> list[int]:
+    """The request decoded by itself in a fresh engine."""
+    engine = Engine(model, slots=1)
+    g = engine.submit(Request(ids, **settings))
+    engine.run()
+    return g.tokens
+
+
+# -- continuous batching ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["llama", "gpt", "seq2seq"])
+def test_a_request_beside_others_gives_what_it_gives_alone(kind, llama, gpt, s2s):
+    """Mixed prompt lengths, arrivals at different steps, other rows sampling, different stops and lengths."""
+    model = {"llama": llama, "gpt": gpt, "seq2seq": s2s}[kind]
+    engine = Engine(model, slots=16)
+    work = [(ids, dict(max_new_tokens=8 + 3 * (i % 5), stop_ids=[] if i % 3 else [7, 11],
+                       temperature=0.0 if i % 2 == 0 else 0.9, top_p=None if i % 4 else 0.8, seed=i))
+            for i, ids in enumerate(prompts(20, seed=kind.__len__()))]
+    handles = []
+    for step in range(60):  # two new requests every third step, while the others decode
+        if step % 3 == 0 and len(handles) < len(work):
+            handles += [engine.submit(Request(ids, **s)) for ids, s in work[len(handles):len(handles) + 2]]
+        engine.step()
+    engine.run()
+    for (ids, settings), g in zip(work, handles, strict=True):
+        assert g.done and g.tokens == alone(model, ids, **settings), (ids, settings)  # seeded rows too
+
+
+def test_greedy_answers_equal_alone_and_beside_15_others(llama):
+    work = prompts(16, seed=5)
+    engine = Engine(llama, slots=16)
+    handles = [engine.submit(Request(ids, max_new_tokens=30, stop_ids=[])) for ids in work]
+    engine.run()
+    assert [g.tokens for g in handles] == [alone(llama, ids, max_new_tokens=30, stop_ids=[]) for ids in work]
+    assert [g.tokens for g in handles] == generate(llama, *_padded(work), max_new_tokens=30, stop_ids=[],
+                                                   use_cache=False).to_lists()  # = the plain recomputation
+
+
+def _padded(work):
+    from lmforge.generation import pad_prompts
+
+    return pad_prompts(work)
+
+
+def test_a_finished_request_frees_its_slot_at_once(gpt):
+    engine = Engine(gpt, slots=MIN_ROWS)
+    short = [engine.submit(Request([5, 6, 7], max_new_tokens=2, stop_ids=[])) for _ in range(MIN_ROWS)]
+    waiting = engine.submit(Request([9, 10], max_new_tokens=3, stop_ids=[]))
+    engine.step()  # every slot taken: each gets its first token (prefill) and its second (the step)
+    assert all(g.done for g in short) and not waiting.tokens
+    engine.step()  # the freed slot takes the waiting request at the next step
+    assert len(waiting.tokens) == 2 and engine.active == [0]
+
+
+def test_cancel_frees_the_slot_and_stops_the_tokens(gpt):
+    engine = Engine(gpt, slots=4)
+    g = engine.submit(Request([5, 6, 7], max_new_tokens=50, stop_ids=[]))
+    engine.step()
+    g.cancel()
+    engine.step()
+    assert g.finish_reason == "cancelled" and len(g.tokens) == 2 and engine.idle()
+
+
+def test_stop_ids_strings_and_lengths_end_each_request(gpt):
+    free = alone(gpt, [5, 17, 42], max_new_tokens=12, stop_ids=[])
+    engine = Engine(gpt, slots=4, tokenizer=Chars())
+    by_token = engine.submit(Request([5, 17, 42], max_new_tokens=12, stop_ids=[free[4]]))
+    by_string = engine.submit(Request([5, 17, 42], max_new_tokens=12, stop_ids=[],
+                                      stop_strings=[chr(free[2]) + chr(free[3])]))
+    by_length = engine.submit(Request([5, 17, 42], max_new_tokens=6, stop_ids=[]))
+    engine.run()
+    assert (by_token.tokens, by_token.finish_reason) == (free[: free.index(free[4]) + 1], "stop")
+    assert (by_string.tokens, by_string.finish_reason) == (free[:4], "stop")
+    assert (by_length.tokens, by_length.finish_reason) == (free[:6], "length")
+
+
+class Chars:
+    """A toy tokenizer: id i is chr(i)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+def test_logits_equal_the_models_own_forward(llama):
+    ids = [5, 17, 42, 7, 99, 3]
+    engine = Engine(llama, slots=4)
+    g = engine.submit(Request(ids, max_new_tokens=10, stop_ids=[], keep_logits=True))
+    engine.submit(Request(ids[:2], max_new_tokens=20, stop_ids=[]))  # a neighbour
+    engine.run()
+    full = torch.tensor([ids + g.tokens])
+    with torch.no_grad():
+        expected = llama(full).logits[0, len(ids) - 1: -1]  # (10, V): the logits that chose each new token
+    torch.testing.assert_close(torch.stack(g.logits), expected, atol=1e-5, rtol=0)
+
+
+def test_requests_that_cannot_fit_are_one_line(gpt):
+    engine = Engine(gpt, slots=4, capacity=64)
+    with pytest.raises(LmforgeError, match=r"max_new_tokens: prompt \(10\) \+ 60 new tokens exceed the context of 64"):
+        engine.submit(Request(list(range(1, 11)), max_new_tokens=60))
+    with pytest.raises(LmforgeError, match="at least one token"):
+        engine.submit(Request([], max_new_tokens=5))
+    with pytest.raises(LmforgeError, match="stop_strings: the engine needs the tokenizer"):
+        engine.submit(Request([1, 2], stop_strings=["x"]))
+
+
+def test_buckets():
+    assert buckets(4, 16) == [4, 8, 16] and buckets(256, 2048) == [256, 512, 1024, 2048]
+    assert [bucket(n, [4, 8, 16]) for n in (1, 4, 5, 16)] == [4, 4, 8, 16]
+
+
+# -- compile once --------------------------------------------------------------------------------------------------
+def test_one_graph_per_bucket_whatever_the_mix(llama):
+    """Prompt lengths, max_new_tokens, batch sizes within a bucket and sampling settings all vary: the graphs are
+    one prefill per prompt bucket and one step per (row bucket, capacity bucket), and nothing breaks a graph
+    (fullgraph=True would raise)."""
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    engine = Engine(llama, slots=8, capacity=128, compile=True)
+    eager = Engine(llama, slots=8, capacity=128)
+    mixes = [  # (prompt lengths, max_new_tokens, temperature, top_k, top_p, repetition_penalty)
+        ([3, 5, 9], 6, 0.0, None, None, 1.0),
+        ([4, 7], 9, 0.8, 20, None, 1.0),
+        ([2, 12, 6, 10, 15], 5, 1.1, None, 0.9, 1.3),
+        ([8], 11, 0.0, None, None, 1.2),
+    ]
+    used_prefill, used_step = set(), set()
+    for lengths, n, temperature, top_k, top_p, penalty in mixes:
+        requests = [Request(list(range(3, 3 + p)), max_new_tokens=n, temperature=temperature, top_k=top_k,
+                            top_p=top_p, repetition_penalty=penalty, seed=p, stop_ids=[]) for p in lengths]
+        fast = [engine.submit(r) for r in requests]
+        slow = [eager.submit(r) for r in requests]
+        engine.run()
+        eager.run()
+        assert [g.tokens for g in fast] == [g.tokens for g in slow]  # compiled == eager, sampled rows too
+        used_prefill |= {bucket(p, engine.prompt_buckets) for p in lengths}
+        rows = bucket(len(lengths), engine.row_buckets)
+        used_step |= {(rows, bucket(p + t + 1, engine.capacity_buckets)) for p in lengths for t in range(n - 1)}
+    graphs = counters["stats"]["unique_graphs"] - before
+    assert len(used_prefill) == 1 and len(used_step) == 2  # all prompts < 16 tokens; rows 4 then 8; capacity 128
+    assert graphs == len(used_prefill) + len(used_step)
+    assert not counters["graph_break"]
+
+
+def test_generate_and_beams_reuse_the_engine_and_its_graphs(gpt):
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    ids = torch.tensor([[5, 17, 42, 7]])
+    first = generate(gpt, ids, max_new_tokens=10, compile=True, stop_ids=[]).tokens
+    for n in (4, 7, 10):  # other output lengths, another prompt length in the same bucket: no new graph
+        assert generate(gpt, ids, max_new_tokens=n, compile=True, stop_ids=[]).tokens.tolist()[0] == \
+            first.tolist()[0][:n]
+    generate(gpt, torch.tensor([[5, 17, 42, 7, 8, 9]]), max_new_tokens=10, compile=True, stop_ids=[])
+    assert counters["stats"]["unique_graphs"] - before == 2  # one prefill, one step
+    beams = generate(gpt, ids, max_new_tokens=10, beams=3, compile=True, stop_ids=[])
+    assert beams.tokens.tolist() == generate(gpt, ids, max_new_tokens=10, beams=3, stop_ids=[]).tokens.tolist()
