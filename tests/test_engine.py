@@ -55,8 +55,8 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def alone(model, ids: list[int], **settings) -> list[int]:
-    """The request decoded by itself in a fresh engine."""
-    engine = Engine(model, slots=1)
+    """The request decoded by itself in a fresh engine of 16 slots (15 of them idle)."""
+    engine = Engine(model, slots=16)
     g = engine.submit(Request(ids, **settings))
     engine.run()
     return g.tokens
@@ -208,3 +208,24 @@ def test_generate_and_beams_reuse_the_engine_and_its_graphs(gpt):
     assert counters["stats"]["unique_graphs"] - before == 2  # one prefill, one step
     beams = generate(gpt, ids, max_new_tokens=10, beams=3, compile=True, stop_ids=[])
     assert beams.tokens.tolist() == generate(gpt, ids, max_new_tokens=10, beams=3, stop_ids=[]).tokens.tolist()
+
+
+def test_a_padded_vocabulary_changes_no_logit_and_exports_unpadded(tmp_path):
+    """vocab_multiple=64 pads the embedding rows (nanoGPT's 50257 -> 50304); logits keep vocab_size columns."""
+    from lmforge.interop.huggingface import convert_to_hf
+
+    plain = Decoder(get_preset("gpt-tiny", vocab_size=300, dropout=0.0, attention_dropout=0.0)).eval()
+    padded = Decoder(get_preset("gpt-tiny", vocab_size=300, dropout=0.0, attention_dropout=0.0,
+                                vocab_multiple=64)).eval()
+    assert padded.tok_emb.weight.shape[0] == 320
+    state = {k: v[:300] if k in ("tok_emb.weight", "lm_head.proj.weight") and v.shape[0] == 320 else v
+             for k, v in padded.state_dict().items()}
+    plain.load_state_dict(state)
+    ids = torch.tensor([[5, 17, 299, 7]])
+    with torch.no_grad():
+        assert padded(ids).logits.shape == (1, 4, 300)
+        torch.testing.assert_close(padded(ids).logits, plain(ids).logits, atol=0, rtol=0)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(convert_to_hf(padded, tmp_path / "hf")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, plain(ids).logits, atol=1e-5, rtol=0)

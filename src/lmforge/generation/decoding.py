@@ -148,7 +148,7 @@ def engine_for(model: nn.Module, rows: int, longest: int, source: int, compile: 
     sizes = buckets(min(256, context), context)
     if longest > context or source > context:
         return None  # too long: the stepper says so, naming the option
-    slots = bucket(rows, buckets(MIN_ROWS, max(rows, MIN_ROWS)))
+    slots = 1 if rows == 1 else bucket(rows, buckets(MIN_ROWS, max(rows, MIN_ROWS)))
     weight = next(model.parameters())
     key = (slots, bucket(longest, sizes), bucket(source, sizes) if source else 0, compile, weight.device,
            weight.dtype, start_id)

@@ -118,7 +118,9 @@ class Engine:
         self.capacity = min(capacity or min(context, 2048), context)
         self.memory = min(memory or context, context) if self.seq2seq else 0
         self.device = next(model.parameters()).device
-        self.row_buckets = buckets(MIN_ROWS, max(slots, MIN_ROWS))
+        # one slot: one row (a matrix-vector product, the fastest for a lone request); more: at least MIN_ROWS, so
+        # that a row's bits do not depend on how many others share the step (slots.py)
+        self.row_buckets = [1] if slots == 1 else buckets(MIN_ROWS, max(slots, MIN_ROWS))
         self.n_slots = self.row_buckets[-1]
         self.capacity_buckets = buckets(min(256, self.capacity), self.capacity)
         self.prompt_buckets = buckets(min(16, self.capacity), self.memory if self.seq2seq else self.capacity)

@@ -19,7 +19,9 @@ the active requests need. A compiled step is specialised to its shapes, so bucke
 Why rows never change a neighbour's answer: every row's keys, mask and positions are its own, attention is
 computed per row, and a matrix product gives each row the same bits whatever other rows it is stacked with,
 as long as the product has at least ``MIN_ROWS`` rows (below that, BLAS switches to a matrix-vector kernel with
-another summation order: measured on torch 2.13 CPU). So the smallest step bucket is 4 rows.
+another summation order: measured on torch 2.13 CPU). So the smallest step bucket is 4 rows; an engine of one
+slot (``generate`` on one prompt) steps one row instead, the fastest for a lone request with no neighbour to
+differ from.
 
 ``SlotKV`` speaks the attention's cache protocol (``nn/attention.py``: ``append``, ``keys_values``, ``length``):
 the model's layers write and read it without knowing about slots.

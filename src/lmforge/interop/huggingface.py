@@ -144,6 +144,12 @@ def check_shapes(state: dict[str, torch.Tensor], model: nn.Module, source: str) 
                                f"expects {expected}")
 
 
+def unpadded(state: dict[str, torch.Tensor], config: DecoderConfig) -> dict[str, torch.Tensor]:
+    """A decoder's tensors with the embedding rows beyond vocab_size (``vocab_multiple`` padding) cut off."""
+    rows = config.vocab_size
+    return {k: v[:rows] if k in ("tok_emb.weight", "lm_head.proj.weight") else v for k, v in state.items()}
+
+
 def copy_tokenizer_files(src: Path, out: Path) -> list[str]:
     """Copy the tokenizer files found in ``src`` into ``out`` unchanged; return their names."""
     copied = []
@@ -178,7 +184,7 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
             tensors = {k: v for k, v in tensors.items() if not k.startswith("bert.pooler.")}
     elif isinstance(config, DecoderConfig):
         hf_config = gpt2.config_to_hf(config)
-        tensors = gpt2.weights_to_hf(state, config.n_layers, config.tie_embeddings)
+        tensors = gpt2.weights_to_hf(unpadded(state, config), config.n_layers, config.tie_embeddings)
     else:
         raise LmforgeError(f"{arch}: only Encoder (BERT) and Decoder (GPT-2) models export to Hugging Face")
     dst.mkdir(parents=True, exist_ok=True)  # only once the model is known to export

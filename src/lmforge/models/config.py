@@ -181,6 +181,8 @@ class DecoderConfig(ConfigMixin):
     n_kv_heads: int | None = size(None, "key/value heads shared by groups of query heads (null: n_heads; "
                                   "grouped-query attention)")
     rope_base: float = setting(10000.0, "rotary positions: the base of the angles pos * base^(-2j/d)", above=0)
+    vocab_multiple: int = size(1, "embedding rows padded to a multiple of this (64: faster matrix products, as "
+                                  "nanoGPT); the logits keep vocab_size columns")
     kind: str = kind("decoder")
 
     def validate(self, source: str = "config") -> None:
@@ -191,6 +193,15 @@ class DecoderConfig(ConfigMixin):
         d_head = self.d_model // self.n_heads
         if self.positions == "rotary" and d_head % 2:
             raise LmforgeError(f"{where(source)}rotary positions need an even head width, got {d_head}")
+
+    @property
+    def embedding_rows(self) -> int:
+        """vocab_size rounded up to a multiple of vocab_multiple: 50257 -> 50304 with 64.
+
+        >>> DecoderConfig(vocab_size=50257, vocab_multiple=64).embedding_rows
+        50304
+        """
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     def is_gpt2(self) -> bool:
         """True when every switch is at GPT-2's setting (what Hugging Face's GPT2LMHeadModel can hold)."""

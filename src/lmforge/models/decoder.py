@@ -53,7 +53,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)  # E: (V, D)
+        self.tok_emb = nn.Embedding(c.embedding_rows, c.d_model)  # E: (V, D), V padded to vocab_multiple
         rotary = c.positions == "rotary"
         # P: (max_positions, D) added to E[x]; or one rotation table shared by every layer's attention
         self.pos_emb = None if rotary else LearnedPositions(c.max_positions, c.d_model)
@@ -66,7 +66,7 @@ class Decoder(nn.Module):
             for _ in range(c.n_layers)
         )
         self.norm_f = make_norm(c.norm, c.d_model, c.eps, c.bias)
-        self.lm_head = LMHead(c.d_model, c.vocab_size)
+        self.lm_head = LMHead(c.d_model, c.embedding_rows)
         init_weights(self)
         # GPT-2 §2.3: residual projections scaled by 1/sqrt(N) for N residual additions (2 per layer).
         # Zero-init instead (the nanoGPT speedrun): every layer starts as the identity on the residual stream.
@@ -135,6 +135,8 @@ class Decoder(nn.Module):
         elif logits_to_keep:
             scored = h[:, -logits_to_keep:]  # (B, n, D)
         logits = self.lm_head(scored)  # (B, T, V), (B, n, V) or (B, 1, V)
+        if logits.shape[-1] != self.config.vocab_size:  # padded rows (vocab_multiple) are never a token
+            logits = logits[..., : self.config.vocab_size]
         if self.config.logit_softcap is not None:
             logits = soft_cap(logits, self.config.logit_softcap)
         loss = next_token_loss(logits, labels) if labels is not None else None
