@@ -53,9 +53,13 @@ def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     return [torch.randint(10, vocab, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def lmforge_concurrent(model, work: list[list[int]], new: int) -> dict:
+def lmforge_concurrent(model, work: list[list[int]], new: int, compile: bool = False) -> dict:
     """Requests arrive one per engine step; returns aggregate tokens/s and TTFT (s) of each."""
-    engine = Engine(model, slots=16, capacity=512)
+    engine = Engine(model, slots=16, capacity=512, compile=compile)
+    for n in (1, 4, 16) if compile else ():  # compile the row buckets outside the timing
+        for _ in range(n):
+            engine.submit(Request(work[0], max_new_tokens=3, stop_ids=[]))
+        engine.run()
     engine.submit(Request(work[0][:8], max_new_tokens=2, stop_ids=[]))  # warm-up
     engine.run()
     arrived, first = {}, {}
@@ -69,18 +73,22 @@ def lmforge_concurrent(model, work: list[list[int]], new: int) -> dict:
             handles.append(engine.submit(Request(ids, max_new_tokens=new, stop_ids=[],
                                                  on_token=lambda _t, i=i: first.setdefault(i, time.perf_counter()))))
         engine.step()
+    if str(next(model.parameters()).device).startswith("cuda"):
+        torch.cuda.synchronize()
     wall = time.perf_counter() - start
     assert all(len(h.tokens) == new for h in handles)
     return {"tokens_per_s": len(work) * new / wall, "ttft": [first[i] - arrived[i] for i in sorted(first)]}
 
 
-def hf_generate(hf, batch: list[list[int]], new: int, cache: str | None) -> float:
-    ids = torch.tensor(batch)
+def hf_generate(hf, batch: list[list[int]], new: int, cache: str | None, device: torch.device | None = None) -> float:
+    ids = torch.tensor(batch, device=device)
     extra = {"cache_implementation": cache} if cache else {}
     start = time.perf_counter()
     with torch.inference_mode():
         hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                     do_sample=False, pad_token_id=0, **extra)
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 

@@ -9,20 +9,28 @@ Rows (GPT-2 124M shape: 12 layers, d 768, 12 heads, FFN 3072, context 1024; bf16
     BERT-base MLM step  fwd + bwd + fused AdamW, vocab 30522, batch 32 x 512, 15% of positions labelled
     greedy decoding     prompt 16, 256 new tokens, batch 1 and 16, bf16 weights: lmforge eager and compiled
                         (CUDA graphs), transformers' default ``generate`` and, where the installed version has
-                        it, its static cache (which ``generate`` compiles)
+                        it, its static cache (which ``generate`` compiles); compiled == eager tokens checked on fp32
+                        copies (bf16 near-ties are not mismatches)
+    engine              1, 4, 16 concurrent requests arriving one per step (prompt 30, 128 new, greedy): the
+                        engine's aggregate tokens/s and time to first token vs transformers batched and serial
     lmforge pretrain    the whole job (data, Trainer, checkpoints) on Shakespeare characters (byte-level, 257
                         symbols), batch 16 x 1024, bf16 and compile by default on CUDA; tokens/s as the trainer logs
                         them, after the compiling steps. nanoGPT's figure for the same job, 618k tokens/s on an
                         H100, is the bar (nanoGPT cannot be installed here).
 
-MFU = model FLOPs per second / the bf16 matmul peak measured in this run (an 8192^3 matmul); model FLOPs per
-token are 6 N + 12 L T d for training and 2 N + 4 L t d for decoding (N: weights used in matmuls; bench/models.py).
-Offline machines: ``--text FILE`` trains on that file instead of fetching Shakespeare (LMFORGE_CACHE is read).
+MFU = model FLOPs per second / the bf16 matmul peak measured in this run (an 8192^3 matmul; the spec sheet's
+dense bf16 peak is printed beside it); model FLOPs per token are 6 N + 12 L T d for training and 2 N + 4 L t d for
+decoding (N: weights used in matmuls; bench/models.py). Training models pad their vocabulary to a multiple of 64.
+
+Every row is printed and appended to ``--out`` (JSON lines) as soon as it finishes; a row that fails is written
+with its error and the others still run. The machine needs no network: ``--text FILE`` is the Shakespeare text
+for the pretrain row (put it in the working tree first); without it the row says it is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -97,14 +105,16 @@ def train_rows(shapes: Shapes, device: torch.device, amp: torch.dtype | None, ar
 def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, peak: float) -> list[dict]:
     s, prompt, new = shapes.gpt, shapes.prompt, shapes.new_tokens
     ours, hf = gpt_pair(s, prompt + new, dropout=0.0)
-    ours, hf = ours.to(device, dtype).eval(), hf.to(device, dtype).eval()
+    exact = ours.to(device, torch.float32).eval()  # fp32: compiled == eager is checked here, no bf16 near-ties
+    ours, hf = copy.deepcopy(exact).to(dtype), hf.to(device, dtype).eval()
     flops = 2 * matmul_weights(s) + 4 * s.layers * (prompt + new / 2) * s.d
     rows = []
     for batch in shapes.decode_batches:
         ids = torch.randint(0, s.vocab, (batch, prompt), generator=torch.Generator().manual_seed(batch)).to(device)
-        eager = lmforge_decode(ours, ids, new, False)().tokens
-        fast = lmforge_decode(ours, ids, new, True)().tokens  # compiles (and records the CUDA graph)
+        eager = lmforge_decode(exact, ids, new, False)().tokens
+        fast = lmforge_decode(exact, ids, new, True)().tokens
         agree = (fast == eager).float().mean().item()
+        lmforge_decode(ours, ids, new, True)()  # compiles the bf16 graphs (and records the CUDA graphs)
         fns = {"lmforge compiled": lmforge_decode(ours, ids, new, True),
                "lmforge eager": lmforge_decode(ours, ids, new, False), "transformers": hf_decode(hf, ids, new)}
         if static_cache_available():
@@ -120,6 +130,31 @@ def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, 
             r["peers"] = {k: round(v, 1) for k, v in tok_s.items() if k.startswith("transformers")}
             r["same_tokens_as_eager"] = agree
             rows.append(r)
+    del ours, hf, exact
+    empty_cache(device)
+    return rows
+
+
+def engine_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, smoke: bool) -> list[dict]:
+    """bench/engine.py's concurrency rows at the GPT-2 124M shape (bf16 weights on the GPU)."""
+    from engine import hf_generate, lmforge_concurrent
+
+    s = shapes.gpt
+    ours, hf = gpt_pair(s, 1024, dropout=0.0)
+    ours, hf = ours.to(device, dtype).eval(), hf.to(device, dtype).eval()
+    new, prompt = (12, 8) if smoke else (128, 30)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    one = hf_generate(hf, [torch.randint(10, s.vocab, (prompt,), generator=g).tolist()], new, "static", device)
+    for c in (1, 2) if smoke else (1, 4, 16):
+        work = [torch.randint(10, s.vocab, (prompt,), generator=g).tolist() for _ in range(c)]
+        got = lmforge_concurrent(ours, work, new, compile=device.type == "cuda")
+        batched = hf_generate(hf, work, new, "static", device)
+        rows.append({"row": f"engine, {c} concurrent (prompt {prompt}, {new} new, arriving one per step)",
+                     "lmforge": got["tokens_per_s"], "peer": max(c * new / batched, new / one),
+                     "ratio": got["tokens_per_s"] / max(c * new / batched, new / one), "mfu": float("nan"),
+                     "ttft_p50_s": statistics.median(got["ttft"]), "ttft_max_s": max(got["ttft"]),
+                     "peers": {"hf batched": c * new / batched, "hf serial": new / one}})
     del ours, hf
     empty_cache(device)
     return rows
@@ -152,14 +187,17 @@ def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: f
     s = shapes.gpt
     recipe = {
         "tokenizer": {"kind": "byte-bpe", "vocab_size": 257},  # one symbol per byte: characters
-        "data": {"objective": "clm", "files": [text or "shakespeare"], "seq_len": shapes.gpt_seq,
-                 "val_fraction": 0.01},
+        # blank-line documents: a validation split even from a small --text
+        "data": {"objective": "clm", "files": [text], "seq_len": shapes.gpt_seq, "val_fraction": 0.05,
+                 "doc_separator": "blank-line", "eval_batches": 2},
         "model": {"preset": "gpt-tiny", "d_model": s.d, "n_layers": s.layers, "n_heads": s.heads,
-                  "d_ff": s.ff, "max_positions": shapes.gpt_seq, "dropout": 0.0, "attention_dropout": 0.0},
-        "train": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": min(10, shapes.pretrain_steps),
+                  "d_ff": s.ff, "max_positions": shapes.gpt_seq, "dropout": 0.0, "attention_dropout": 0.0,
+                  "vocab_multiple": 64},
+        "train": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": min(10, shapes.pretrain_steps // 2),
                   "max_steps": shapes.pretrain_steps, "batch_size": shapes.gpt_batch, "betas": [0.9, 0.95],
                   "weight_decay": 0.1, "grad_clip": 1.0,
-                  "log_every": shapes.pretrain_log, "save_every": 0, "eval_every": 0, "progress": False,
+                  "log_every": shapes.pretrain_log, "save_every": 0, "eval_every": shapes.pretrain_steps,
+                  "progress": False,
                   "plot": False, "tensorboard": False, "device": str(device)},
     }
     with tempfile.TemporaryDirectory() as out:
@@ -173,6 +211,7 @@ def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: f
     r = row(f"lmforge pretrain end to end, Shakespeare chars (batch {shapes.gpt_batch} x {shapes.gpt_seq})",
             statistics.median(steady), nanogpt, flops, peak)
     r["peer_name"], r["final_loss"] = "nanoGPT (issue 17 figure)", round(result.loss, 4)
+    r["eval_loss"] = (result.eval or {}).get("eval_loss")
     return r
 
 
@@ -183,6 +222,14 @@ def row(name: str, ours: float, peer: float, flops_per_token: float, peak: float
 def empty_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+SPEC_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}  # dense bf16 TFLOP/s, spec sheets
+
+
+def spec_peak(device: torch.device) -> float | None:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    return next((v for k, v in SPEC_BF16.items() if k in name), None)
 
 
 def versions(device: torch.device) -> str:
@@ -197,37 +244,59 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, 1 round: checks every path runs (CPU is fine)")
-    p.add_argument("--only", choices=["train", "decode", "pretrain"], action="append", help="run only these")
-    p.add_argument("--text", help="train the pretrain row on this text file (default: fetch Shakespeare)")
+    p.add_argument("--only", choices=["train", "decode", "engine", "pretrain"], action="append",
+                   help="run only these")
+    p.add_argument("--text", help="the Shakespeare text for the pretrain row (no network: nothing is fetched)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu.jsonl"),
+                   help="append each row here as JSON lines as soon as it finishes")
     args = p.parse_args()
     device = torch.device(args.device)
     smoke = args.smoke or device.type != "cuda"
     shapes = SMOKE if smoke else FULL
-    args.warmup, args.rounds, args.steps, args.gen_rounds = (1, 1, 1, 1) if smoke else (3, 5, 5, 3)
+    args.warmup, args.rounds, args.steps, args.gen_rounds = (1, 2, 2, 1) if smoke else (3, 5, 5, 3)
     cuda = device.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     amp = torch.bfloat16 if cuda else None
     dtype = torch.bfloat16 if cuda else torch.float32
     peak = matmul_peak(device, dtype, 8192 if not smoke else 512, 10 if not smoke else 2)
-    print(f"device: {versions(device)}; matmul peak ({dtype}, measured): {peak / 1e12:.1f} TFLOP/s", file=sys.stderr)
-    only = set(args.only or ["train", "decode", "pretrain"])
+    spec = spec_peak(device)
+    header = (f"{versions(device)}; matmul peak ({dtype}, measured) {peak / 1e12:.1f} TFLOP/s"
+              + (f", spec sheet {spec / 1e12:.0f}" if spec else ""))
+    print(header, file=sys.stderr, flush=True)
+    only = set(args.only or ["train", "decode", "engine", "pretrain"])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    jobs = {"train": lambda: train_rows(shapes, device, amp, args, peak),
+            "decode": lambda: decode_rows(shapes, device, dtype, args, peak),
+            "engine": lambda: engine_rows(shapes, device, dtype, smoke),
+            "pretrain": lambda: [pretrain_row(shapes, device, args.text, peak, smoke)] if args.text else
+            [{"row": "lmforge pretrain", "skipped": "no --text: pass the Shakespeare text (this machine fetches "
+              "nothing)"}]}
     rows: list[dict] = []
     started = time.perf_counter()
-    if "train" in only:
-        rows += train_rows(shapes, device, amp, args, peak)
-    if "decode" in only:
-        rows += decode_rows(shapes, device, dtype, args, peak)
-    if "pretrain" in only:
-        rows.append(pretrain_row(shapes, device, args.text, peak, smoke))
-    sync(device)
-    print(f"\n{versions(device)}; matmul peak {peak / 1e12:.1f} TFLOP/s ({dtype}); "
-          f"{time.perf_counter() - started:.0f} s{' (smoke shapes)' if smoke else ''}")
+    for name, job in jobs.items():
+        if name not in only:
+            continue
+        try:
+            got = job()
+        except Exception as err:  # one failing row is reported; the others still run
+            got = [{"row": name, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}]
+        for r in got:
+            r.update(device=versions(device), measured_peak=peak, spec_peak=spec, smoke=smoke)
+            with out.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(r, default=str) + "\n")
+            print(json.dumps(r, default=str), flush=True)
+            rows.append(r)
+        sync(device)
+    print(f"\n{header}; {time.perf_counter() - started:.0f} s{' (smoke shapes)' if smoke else ''}")
     print("| row | lmforge tokens/s | peer tokens/s | ratio | MFU lmforge |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['row']} | {r['lmforge']:,.0f} | {r['peer']:,.0f} | {r['ratio']:.2f}x | {r['mfu']:.1%} |")
-    print(json.dumps(rows, default=str), file=sys.stderr)
+        if "lmforge" in r:
+            print(f"| {r['row']} | {r['lmforge']:,.0f} | {r['peer']:,.0f} | {r['ratio']:.2f}x | {r['mfu']:.1%} |")
+        else:
+            print(f"| {r['row']} | {r.get('error') or r.get('skipped')} | | | |")
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ class Engine:
         # that a row's bits do not depend on how many others share the step (slots.py)
         self.row_buckets = [1] if slots == 1 else buckets(MIN_ROWS, max(slots, MIN_ROWS))
         self.n_slots = self.row_buckets[-1]
-        self.capacity_buckets = buckets(min(256, self.capacity), self.capacity)
+        self.capacity_buckets = buckets(min(64, self.capacity), self.capacity)
         self.prompt_buckets = buckets(min(16, self.capacity), self.memory if self.seq2seq else self.capacity)
         self.caches = SlotCaches(model, self.n_slots, self.capacity, self.memory)
         self.pad_id = config.pad_id if config.pad_id is not None else (config.eos_id or 0)

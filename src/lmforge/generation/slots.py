@@ -12,7 +12,7 @@ A request owns one slot (one row) from its prefill to its last token. Two ways t
     step      one new token for every row b of [0, S_b) at column lengths[b]; the attention reads columns
               [0, C_b) of those rows, and the caller's mask shows row b only its columns <= lengths[b].
 
-S_b and C_b are *buckets*: the smallest of a few sizes (4, 8, 16 rows; 256, 512, ... columns) that holds what
+S_b and C_b are *buckets*: the smallest of a few sizes (4, 8, 16 rows; 64, 128, 256, ... columns) that holds what
 the active requests need. A compiled step is specialised to its shapes, so buckets bound the number of graphs
 (one per (S_b, C_b)) whatever mix of prompt lengths, output lengths and batch sizes arrives.
 
