@@ -247,9 +247,10 @@ def test_bert_checkpoint_with_wrong_shape_is_named(bert_dir, tmp_path):
 
 def test_unsupported_architecture_lists_the_supported_ones(gpt2_dir, tmp_path):
     shutil.copytree(gpt2_dir, tmp_path, dirs_exist_ok=True)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(LmforgeError, match=r"unsupported architecture 'LlamaForCausalLM'; supported: BertModel.*"
-                                           r"GPT2LMHeadModel"):
+    t5 = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}
+    (tmp_path / "config.json").write_text(json.dumps(t5))
+    with pytest.raises(LmforgeError, match=r"unsupported architecture 'T5ForConditionalGeneration'; supported: "
+                                           r"BertModel.*GPT2LMHeadModel.*LlamaForCausalLM"):
         lmforge.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(LmforgeError, match="unsupported model_type 't5'"):

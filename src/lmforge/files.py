@@ -23,6 +23,9 @@ from pathlib import Path
 
 from lmforge.errors import LmforgeError
 
+UMASK = os.umask(0o22)
+os.umask(UMASK)  # read once: the mode a plain open(path, "w") would give
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -39,6 +42,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp's 0600 would make every output private to its writer
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

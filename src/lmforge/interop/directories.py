@@ -47,9 +47,16 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
     from lmforge.nn.device import resolve_device
 
     folder = Path(path)
-    if not folder.is_dir():
-        raise LmforgeError(f"{folder}: not a model directory")
     device = resolve_device(device, "device") if device is not None else None
+    if folder.is_file() and folder.suffix == ".gguf":  # llama.cpp's one file: checked by its own sizes
+        from lmforge.interop.gguf import load_gguf
+        from lmforge.train.logs import info
+
+        info(f"{folder}: a GGUF file carries no checksums; it is checked by its tensors' sizes only")
+        model, tok = load_gguf(folder)
+        return (model.to(device) if device is not None else model), (tok if tokenizer else None)
+    if not folder.is_dir():
+        raise LmforgeError(f"{folder}: not a model directory (nor a .gguf file)")
     verify_manifest(folder, required=WEIGHT_FILES, verify=verify)
     if (folder / ADAPTER_CONFIG).is_file():  # LoRA / adapter output of `lmforge finetune`
         model, tok, _ = load_finetuned(folder, device, verify=False)  # verified above

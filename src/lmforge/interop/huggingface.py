@@ -37,7 +37,7 @@ from lmforge.models.registry import (
     state_dict_untied,
 )
 
-SUPPORTED = {**bert.ARCHITECTURES, **gpt2.ARCHITECTURES}  # HF architecture -> lmforge architecture
+SUPPORTED = {**bert.ARCHITECTURES, **gpt2.ARCHITECTURES, "LlamaForCausalLM": "Decoder"}  # HF -> lmforge
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt")
 
@@ -84,10 +84,15 @@ def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def load_hf(path: str | os.PathLike, device: str | torch.device | None = None) -> nn.Module:
-    """A Hugging Face BERT or GPT-2 directory as an lmforge model, in eval mode."""
+    """A Hugging Face BERT, GPT-2 or Llama-family directory as an lmforge model, in eval mode."""
     folder = Path(path)
     cfg_file = folder / "config.json"
     hf = read_json(cfg_file)
+    if hf.get("model_type") == "llama" or "LlamaForCausalLM" in (hf.get("architectures") or []):
+        from lmforge.interop.llama import load_llama_folder
+
+        model, _ = load_llama_folder(folder)
+        return model.to(device) if device is not None else model
     arch = hf_architecture(hf, str(cfg_file))
     state, source = read_hf_weights(folder)
     optional: tuple[str, ...] = ()
@@ -182,11 +187,17 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
         tensors = bert.weights_to_hf(state, config.n_layers, "" if arch == "Encoder" else "encoder.")
         if arch == "EncoderForTokenClassification":  # BertForTokenClassification has no pooler
             tensors = {k: v for k, v in tensors.items() if not k.startswith("bert.pooler.")}
-    elif isinstance(config, DecoderConfig):
+    elif isinstance(config, DecoderConfig) and config.is_gpt2():
         hf_config = gpt2.config_to_hf(config)
         tensors = gpt2.weights_to_hf(unpadded(state, config), config.n_layers, config.tie_embeddings)
+    elif isinstance(config, DecoderConfig):  # the modern switches: a Llama-family model, or nothing HF holds
+        from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
+
+        hf_config = llama_config_from_decoder(config)  # refuses what LlamaForCausalLM cannot hold
+        tensors = llama_state_from_decoder(unpadded(state, config), config)
     else:
-        raise LmforgeError(f"{arch}: only Encoder (BERT) and Decoder (GPT-2) models export to Hugging Face")
+        raise LmforgeError(f"{arch}: only Encoder (BERT) and Decoder (GPT-2, Llama-family) models export to "
+                           "Hugging Face")
     dst.mkdir(parents=True, exist_ok=True)  # only once the model is known to export
     save_weights(tensors, dst / WEIGHTS_NAME)
     write_text_atomic(dst / "config.json", json.dumps(hf_config, indent=2) + "\n")
@@ -197,9 +208,16 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
 
 
 def export_tokenizer(src: Path, dst: Path) -> None:
-    """Copy the tokenizer files; an lmforge-format tokenizer.json is rewritten in Hugging Face's format."""
+    """Copy the tokenizer files; an lmforge-format tokenizer.json is rewritten in Hugging Face's format, with a
+    tokenizer_config.json naming its special tokens and its chat template (what ``AutoTokenizer`` reads)."""
     copied = copy_tokenizer_files(src, dst)
     if "tokenizer.json" in copied and read_json(src / "tokenizer.json").get("format") == "lmforge-tokenizer":
         from lmforge.tokenizers import load_tokenizer, save_huggingface
 
-        save_huggingface(load_tokenizer(src / "tokenizer.json"), dst)
+        tok = load_tokenizer(src / "tokenizer.json")
+        save_huggingface(tok, dst)
+        settings = {f"{role}_token": tok.roles[role] for role in ("bos", "eos", "unk", "pad", "cls", "sep", "mask")
+                    if role in tok.roles}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, **settings,
+                  **({"chat_template": tok.chat_template} if tok.chat_template else {})}
+        write_text_atomic(dst / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")

@@ -62,12 +62,17 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if d_head % 2:
             raise ValueError(f"rotary embeddings need an even head width, got {d_head}")
-        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d/2,)
-        angle = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (N, d/2)
-        angle = torch.cat([angle, angle], dim=-1)  # (N, d)
-        # Kept in float64 (cast to the input's dtype at use) so a float64 model matches the reference to 1e-10.
-        self.register_buffer("cos", angle.cos(), persistent=False)
-        self.register_buffer("sin", angle.sin(), persistent=False)
+        # Two tables. float64 for float64 inputs, so that a float64 model matches the reference to 1e-10; and for
+        # every other dtype the angles as Llama-family models were trained with them (and as transformers computes
+        # them): inv_freq and pos * inv_freq in float32. The two differ by ~1e-7 rad per position, which moves a
+        # 30-layer model's logits by ~1e-4: matching a pretrained checkpoint means matching its arithmetic.
+        for suffix, dtype in (("", torch.float64), ("32", torch.float32)):
+            steps = torch.arange(0, d_head, 2, dtype=torch.int64).to(dtype) / d_head
+            inv_freq = 1.0 / base ** steps  # (d/2,) base^(-2j/d)
+            angle = torch.arange(max_positions, dtype=dtype)[:, None] * inv_freq  # (N, d/2)
+            angle = torch.cat([angle, angle], dim=-1)  # (N, d)
+            self.register_buffer("cos" + suffix, angle.cos(), persistent=False)
+            self.register_buffer("sin" + suffix, angle.sin(), persistent=False)
 
     @staticmethod
     def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -77,8 +82,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (B, H, T, d_head); positions: (T,) or (B, T) -> x rotated, same shape."""
-        cos = self.cos[positions].to(x.dtype)  # (T, d) or (B, T, d)
-        sin = self.sin[positions].to(x.dtype)
+        exact = x.dtype == torch.float64
+        cos = (self.cos if exact else self.cos32)[positions].to(x.dtype)  # (T, d) or (B, T, d)
+        sin = (self.sin if exact else self.sin32)[positions].to(x.dtype)
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d): broadcast over heads
         return x * cos + self.rotate_half(x) * sin

@@ -54,7 +54,30 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if not isinstance(data, dict):
         raise LmforgeError(f"{path}: not a tokenizer (expected a JSON object)")
     if data.get("format") == FORMAT:
-        return Tokenizer.from_dict(data, str(path))
-    if "model" in data:
-        return from_huggingface(data, str(path))
-    raise LmforgeError(f"{path}: not a tokenizer file (neither lmforge's format nor Hugging Face's)")
+        tok = Tokenizer.from_dict(data, str(path))
+    elif "model" in data:
+        tok = from_huggingface(data, str(path))
+        named_roles(tok, path.parent / "tokenizer_config.json")
+    else:
+        raise LmforgeError(f"{path}: not a tokenizer file (neither lmforge's format nor Hugging Face's)")
+    if tok.chat_template is None:  # a Hugging Face folder keeps it beside: chat_template.jinja, tokenizer_config.json
+        from lmforge.tokenizers.chat import read_chat_template
+
+        tok.chat_template = read_chat_template(path.parent)
+    return tok
+
+
+def named_roles(tok: Tokenizer, config: Path) -> None:
+    """The special tokens a Hugging Face ``tokenizer_config.json`` names (``eos_token: "<|im_end|>"``) take their
+    roles: the file is what transformers reads, and it may differ from the usual names (<|endoftext|>)."""
+    if not config.is_file():
+        return
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise LmforgeError(f"{config}: not a valid tokenizer_config.json") from None
+    for role in ("bos", "eos", "unk", "pad", "cls", "sep", "mask"):
+        token = data.get(f"{role}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and token in tok.vocab:
+            tok.set_role(role, token)

@@ -52,6 +52,7 @@ class Tokenizer:
     pattern: regex.Pattern
     contiguous: bool = False  # True when the pattern's words tile every text (GPT-2, GPT-4 patterns)
     specials_in_text: bool = False  # split special tokens out of text by default (Hugging Face origin)
+    chat_template: str | None = None  # the Jinja template of the chat model it belongs to (tokenizers/chat.py)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -377,7 +378,8 @@ class Tokenizer:
         return {"format": FORMAT, "version": 1, "kind": self.kind, "tokens": self.id_to_token,
                 "special_tokens": list(self.special_tokens), "roles": self.roles,
                 "template": {k: list(v) for k, v in self.template.items()}, "model": self._model_dict(),
-                "specials_in_text": self.specials_in_text}
+                "specials_in_text": self.specials_in_text,
+                **({"chat_template": self.chat_template} if self.chat_template else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "tokenizer") -> Tokenizer:
@@ -393,6 +395,7 @@ class Tokenizer:
                                        special_tokens=data.get("special_tokens", []),
                                        roles=data.get("roles", {}), template=data.get("template"))
             tok.specials_in_text = bool(data.get("specials_in_text", False))
+            tok.chat_template = data.get("chat_template")
             return tok
         except KeyError as err:
             raise LmforgeError(f"{source}: missing field {err.args[0]!r}") from None

@@ -130,3 +130,18 @@ class DemoOptions:
     seed: int = setting(0, "random seed")
     skip_examples: bool = setting(False, "go straight to the pipeline (no course exercises)")
     quick: bool = setting(False, "about a minute: 150 pretraining steps, 20 LoRA steps, no exercises")
+
+
+@dataclass
+class ChatOptions:
+    """A conversation's framing (``lmforge chat``)."""
+
+    system: str | None = setting(None, "a system message opening the conversation (default: the template's own)",
+                                 metavar="TEXT")
+
+
+@dataclass
+class ConvertOptions:
+    """How ``lmforge convert`` writes what it writes."""
+
+    gguf_type: Literal["f32", "f16", "q8_0"] = setting("f16", "--to-gguf: the matrices' type (norms stay f32)")

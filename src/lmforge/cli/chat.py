@@ -1,0 +1,87 @@
+"""``lmforge chat``: talk to a chat model: its own template, streamed replies, the history kept.
+
+    lmforge chat --model $(python -m lmforge.data.sources path smollm2)
+    you> What is the capital of France? Answer in one sentence.
+    The capital of France is Paris.
+
+In a terminal: /reset forgets the conversation, /system TEXT sets the system message (and resets), /exit ends.
+Without a terminal: one conversation per line of standard input, ``{"messages": [...]}`` (the last one a user
+turn), one answer per line on standard output: ``{"reply": ..., "finish_reason": "stop" | "length", "tokens": N}``.
+Greedy by default; the sampling flags are those of ``lmforge generate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lmforge.cli.common import Settings, add_quiet, add_settings
+from lmforge.generation.options import GenerateOptions
+from lmforge.schema import Recipe
+from lmforge.workflows.options import ChatOptions, Runtime
+
+SETTINGS = Settings(Recipe({"generate": GenerateOptions, "chat": ChatOptions, "runtime": Runtime}),
+                    flags=("generate", "chat", "runtime"), defaults={"generate.max_new_tokens": 256},
+                    exclude=("generate.beams", "generate.length_penalty", "generate.batch_size"))
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from lmforge import load
+    from lmforge.errors import LmforgeError
+    from lmforge.workflows.chat import ChatFormat, read_conversation, reply
+
+    options, system = args.settings["generate"], args.settings["chat"].system
+    model, tokenizer = load(args.model, device=args.settings["runtime"].device)
+    if tokenizer is None:
+        raise LmforgeError(f"--model: {args.model} has no tokenizer")
+    fmt = ChatFormat(tokenizer, model.config.max_positions)
+    if not sys.stdin.isatty():  # one conversation per JSON line, one answer per line
+        for n, line in enumerate(sys.stdin, 1):
+            if not line.strip():
+                continue
+            ids = list(reply(model, fmt, read_conversation(line, f"<stdin> line {n}"), options))
+            reason = "stop" if ids and ids[-1] in fmt.stop_ids else "length"
+            print(json.dumps({"reply": fmt.reply_text(ids), "finish_reason": reason, "tokens": len(ids)},
+                             ensure_ascii=False), flush=True)
+        return 0
+    history = [{"role": "system", "content": system}] if system else []
+    print("lmforge chat: /reset, /system TEXT, /exit (Ctrl-D)", file=sys.stderr)
+    while True:
+        try:
+            text = input("you> ")
+        except EOFError:
+            return 0
+        if text.strip() in ("/exit", "/quit"):
+            return 0
+        if text.strip() == "/reset" or text.startswith("/system "):
+            system = text.removeprefix("/system ").strip() if text.startswith("/system ") else system
+            history = [{"role": "system", "content": system}] if system else []
+            print("(new conversation)", file=sys.stderr)
+            continue
+        if not text.strip():
+            continue
+        history.append({"role": "user", "content": text})
+        ids, shown = [], ""
+        try:
+            for token in reply(model, fmt, history, options):
+                ids.append(token)
+                text_so_far = fmt.reply_text(ids)
+                if not text_so_far.endswith("\ufffd"):  # a character cut between two tokens waits
+                    print(text_so_far[len(shown):], end="", flush=True)
+                    shown = text_so_far
+        except LmforgeError as err:
+            history.pop()
+            print(f"lmforge: error: {err}", file=sys.stderr)
+            continue
+        print(flush=True)
+        history.append({"role": "assistant", "content": fmt.reply_text(ids)})
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="talk to a chat model (its template, streamed, history kept)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", metavar="DIR", required=True, help="model directory or .gguf file")
+    add_settings(p, SETTINGS)
+    add_quiet(p)
+    p.set_defaults(handler=run_chat)

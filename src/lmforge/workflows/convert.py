@@ -1,0 +1,84 @@
+"""``lmforge convert`` as a function: one source, one direction, one output that claims its place.
+
+    convert(Path("model.gguf"), "lmforge", Path("runs/smollm2"), ConvertOptions())     # -> report dict
+
+Directions: ``lmforge`` (from a Hugging Face folder or a GGUF file), ``hf``, ``gguf``, ``peft``, ``merged``.
+Every output ends with its checksums (or is one atomic file, for GGUF), and an output that would replace its own
+input or another artefact is refused (``lmforge.outputs``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import LmforgeError
+from lmforge.workflows.options import ConvertOptions
+
+
+def convert(source: Path, to: str, out: Path, options: ConvertOptions, overwrite: bool = False) -> dict[str, Any]:
+    from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, load_hf
+    from lmforge.models.registry import count_parameters, load_pretrained
+    from lmforge.outputs import RECORD_NAME, claim_output, record_output
+
+    identity = {"source": str(source.resolve()), "to": to}
+    if to == "gguf":
+        if out.suffix != ".gguf":
+            raise LmforgeError(f"--out: {out} must end in .gguf for --to-gguf")
+        model = gguf_out(source, out, options)
+        return {"source": str(source), "output": str(out), "architecture": type(model).__name__,
+                "parameters": count_parameters(model, by_component=False), "gguf_type": options.gguf_type}
+    claim_output(out, "model", identity, overwrite, inputs=[source])
+    if to == "lmforge" and source.suffix == ".gguf":
+        model = gguf_in(source, out)
+    elif to == "lmforge":
+        out = convert_from_hf(source, out)
+        model = load_pretrained(out)  # the written directory reads back
+    elif to == "peft":
+        from lmforge.interop.peft import export_peft
+
+        out = export_peft(source, out)
+        model = load_hf(out / "base")
+    elif to == "merged":
+        from lmforge.interop.peft import export_merged
+
+        out = export_merged(source, out)
+        model = load_pretrained(out)
+    else:
+        out = convert_to_hf(source, out)
+        model = load_hf(out)
+    record_output(out, "model", identity, [p.name for p in Path(out).iterdir()
+                                          if p.is_file() and p.name not in (RECORD_NAME, ".lock")])
+    return {"source": str(source), "output": str(out), "architecture": type(model).__name__,
+            "parameters": count_parameters(model, by_component=False)}
+
+
+def gguf_in(source: Path, out: Path):
+    """A GGUF file -> an lmforge directory: config.json, model.safetensors, tokenizer.json (its chat template
+    inside), checksums.json."""
+    from lmforge.interop.gguf import load_gguf
+    from lmforge.models.registry import save_pretrained
+
+    model, tokenizer = load_gguf(source)
+    save_pretrained(model, out, tokenizer)
+    return model
+
+
+def gguf_out(source: Path, out: Path, options: ConvertOptions):
+    """An lmforge Llama-shaped decoder directory -> one GGUF file (atomic), its tokenizer and chat template in it."""
+    from lmforge.interop.directories import load
+    from lmforge.interop.gguf import write_gguf
+    from lmforge.interop.huggingface import unpadded
+    from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
+    from lmforge.models.decoder import Decoder
+    from lmforge.models.registry import state_dict_untied
+
+    model, tokenizer = load(source)
+    if not isinstance(model, Decoder):
+        raise LmforgeError(f"--to-gguf: {source} holds a {type(model).__name__}; GGUF export takes a decoder")
+    if tokenizer is None:
+        raise LmforgeError(f"--to-gguf: {source} has no tokenizer (a GGUF file carries one)")
+    hf_config = llama_config_from_decoder(model.config)
+    state = llama_state_from_decoder(unpadded(state_dict_untied(model), model.config), model.config)
+    write_gguf(out, hf_config, state, tokenizer, tokenizer.chat_template, options.gguf_type, name=source.name)
+    return model

@@ -1,0 +1,207 @@
+"""Serving a model directory: what ``lmforge serve``'s HTTP shell (lmforge/serve/) asks of the model, with no HTTP.
+
+    service = ModelService.open("runs/chat-model", ServeOptions(slots=8))
+    g = service.complete(service.chat_ids(messages), Request(..., on_token=...))   # thread-safe
+    service.embed(["a text"]), service.classify(["a text"])                      # encoders, classifiers
+
+The decoding engine (generation/engine.py) runs in its own thread (``EngineThread``): the HTTP layer only submits
+requests and receives tokens through callbacks, never running the model on its event loop. Encoders and
+classifiers answer in a worker thread of the caller's choosing. ``Metrics`` counts what ``/metrics`` shows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmforge.errors import LmforgeError
+from lmforge.generation.engine import Engine, Generation, Request
+from lmforge.workflows.options import Runtime, ServeOptions
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class EngineThread:
+    """The engine's loop in a daemon thread: it steps while anything is waiting or active, and sleeps otherwise."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self.loop, name="lmforge-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, request: Request) -> Generation:
+        generation = self.engine.submit(request)
+        self.wake.set()
+        return generation
+
+    def loop(self) -> None:
+        while not self.stopping:
+            if self.engine.idle():
+                self.wake.wait(0.2)
+                self.wake.clear()
+                continue
+            self.engine.step()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopping = True
+        self.wake.set()
+        self.thread.join(timeout)
+
+
+@dataclass
+class Metrics:
+    """Counters for Prometheus' text format (``/metrics``)."""
+
+    requests: Counter = field(default_factory=Counter)  # (endpoint, status) -> count
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    ttft_buckets: Counter = field(default_factory=Counter)  # upper bound (s) -> count
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+    def first_token(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_sum += seconds
+            self.ttft_count += 1
+            for bound in self.BOUNDS:
+                if seconds <= bound:
+                    self.ttft_buckets[bound] += 1
+
+    def text(self, queue: int, busy: int, slots: int) -> str:
+        lines = ["# HELP lmforge_requests_total HTTP requests by endpoint and status code",
+                 "# TYPE lmforge_requests_total counter"]
+        lines += [f'lmforge_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in
+                  sorted(self.requests.items())]
+        lines += ["# TYPE lmforge_prompt_tokens_total counter", f"lmforge_prompt_tokens_total {self.prompt_tokens}",
+                  "# TYPE lmforge_completion_tokens_total counter",
+                  f"lmforge_completion_tokens_total {self.completion_tokens}",
+                  "# TYPE lmforge_queue_length gauge", f"lmforge_queue_length {queue}",
+                  "# TYPE lmforge_slots_in_use gauge", f"lmforge_slots_in_use {busy}",
+                  "# TYPE lmforge_slots gauge", f"lmforge_slots {slots}",
+                  "# HELP lmforge_time_to_first_token_seconds from a request's arrival to its first token",
+                  "# TYPE lmforge_time_to_first_token_seconds histogram"]
+        cumulative = 0
+        for bound in self.BOUNDS:
+            cumulative = self.ttft_buckets[bound]
+            lines.append(f'lmforge_time_to_first_token_seconds_bucket{{le="{bound}"}} {cumulative}')
+        lines += [f'lmforge_time_to_first_token_seconds_bucket{{le="+Inf"}} {self.ttft_count}',
+                  f"lmforge_time_to_first_token_seconds_sum {self.ttft_sum:.6f}",
+                  f"lmforge_time_to_first_token_seconds_count {self.ttft_count}"]
+        return "\n".join(lines) + "\n"
+
+
+class ModelService:
+    """One model directory behind the HTTP API: its capabilities, the engine thread, the limits, the metrics."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, name: str, options: ServeOptions,
+                 chat_format: Any = None, info: dict[str, Any] | None = None) -> None:
+        from lmforge.models.interfaces import generates_text
+
+        self.model, self.tokenizer, self.name, self.options = model, tokenizer, name, options
+        self.chat_format, self.info = chat_format, info or {}
+        self.metrics = Metrics()
+        self.created = int(time.time())
+        self.generates = generates_text(model) and "Classification" not in type(model).__name__
+        self.context = getattr(model.config, "max_positions", 0)
+        self.engine: EngineThread | None = None
+        if self.generates:
+            engine = Engine(model, options.slots, capacity=options.context or None, tokenizer=tokenizer,
+                            compile=options.compile)
+            self.context = engine.capacity
+            self.engine = EngineThread(engine)
+        self.model_lock = threading.Lock()  # encoders and classifiers: one batch at a time
+
+    @classmethod
+    def open(cls, path: str | Path, options: ServeOptions, runtime: Runtime | None = None) -> ModelService:
+        """Load a model directory (verified like every other read) for serving."""
+        from lmforge.interop.directories import load, load_finetuned
+        from lmforge.workflows.chat import chat_format
+
+        runtime = runtime or Runtime()
+        folder = Path(path)
+        info: dict[str, Any] = {}
+        if (folder / "finetune.json").is_file() or (folder / "adapter_config.json").is_file():
+            model, tokenizer, info = load_finetuned(folder, runtime.device)
+        else:
+            model, tokenizer = load(folder, device=runtime.device)
+        if tokenizer is None:
+            raise LmforgeError(f"--model: {folder} has no tokenizer; the server reads and writes text")
+        model = model.to(DTYPES[options.dtype]).eval()
+        return cls(model, tokenizer, folder.resolve().name, options, chat_format(folder, tokenizer, model), info)
+
+    # -- capabilities ---------------------------------------------------------------------------------------
+    def can(self, endpoint: str) -> str | None:
+        """None when this model serves ``endpoint``, else why not (the 400 the API answers)."""
+        kind = type(self.model).__name__
+        if endpoint in ("chat", "completions") and not self.generates:
+            return f"the model {self.name} is a {kind}: it does not generate text"
+        if endpoint == "chat" and self.chat_format is None:
+            return f"the model {self.name} has no chat template; use /v1/completions"
+        if endpoint == "embeddings" and (self.generates or "Classification" in kind):
+            return f"the model {self.name} is a {kind}: embeddings come from encoders (BERT-style models)"
+        if endpoint == "classify" and not self.info.get("labels"):
+            return f"the model {self.name} is not a fine-tuned classifier"
+        return None
+
+    def queue_full(self) -> bool:
+        engine = self.engine.engine if self.engine else None
+        return engine is not None and len(engine.waiting) >= self.options.max_queue
+
+    def load(self) -> tuple[int, int, int]:
+        """(waiting, slots in use, slots) for /metrics and /health."""
+        if self.engine is None:
+            return 0, 0, 0
+        e = self.engine.engine
+        return len(e.waiting), len(e.active), e.n_slots
+
+    # -- the work -------------------------------------------------------------------------------------------
+    def prompt_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The conversation through the model's own chat template, ready for the assistant's reply."""
+        return self.chat_format.prompt_ids(messages)
+
+    def stop_ids(self, chat: bool) -> list[int]:
+        eos = getattr(self.model.config, "eos_id", None)
+        stops = {eos} if eos is not None else set()
+        if chat:
+            stops |= set(self.chat_format.stop_ids)
+        return sorted(stops)
+
+    def complete(self, request: Request) -> Generation:
+        """Queue a generation on the engine thread (any thread; tokens arrive through the request's callbacks)."""
+        if self.engine is None:
+            raise LmforgeError("this model does not generate text")
+        self.metrics.prompt_tokens += len(request.ids)
+        return self.engine.submit(request)
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """The mean-pooled last hidden state of each text: what ``lmforge embed`` gives."""
+        from lmforge.workflows.embed import embed
+
+        with self.model_lock:
+            return embed(self.model, self.tokenizer, texts).tolist()
+
+    def classify(self, texts: list[str]) -> list[dict[str, Any]]:
+        """Label and probabilities of each text: what ``lmforge predict`` gives."""
+        from lmforge.workflows.classify import predict_lines
+
+        with self.model_lock:
+            return predict_lines(self.model, self.tokenizer, self.info, texts)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
