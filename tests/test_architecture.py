@@ -71,7 +71,7 @@ def test_the_package_root_holds_only_the_facade_and_the_base_modules():
     loose = sorted(p.name for p in PACKAGE.iterdir() if p.is_file() and p.name not in ROOT_FILES)
     assert loose == [], f"files at the package root: {loose} (engine package, workflows/ or cli/)"
     packages = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert packages == sorted([*ENGINE, "workflows", "cli", "recipes"])  # recipes/: data (configs/), no code
+    assert packages == sorted([*ENGINE, "workflows", "serve", "cli", "recipes"])  # recipes/: data, no code
     assert not list((PACKAGE / "recipes").glob("*.py"))
 
 
@@ -113,14 +113,25 @@ def test_no_import_cycles():
 
 @pytest.mark.parametrize("module", sorted(m for m in GRAPH if layer(m) in ENGINE + BASE))
 def test_the_engine_never_imports_workflows_or_the_cli(module):
-    bad = sorted(m for m in GRAPH[module] if layer(m) in ("workflows", "cli", "root"))
+    bad = sorted(m for m in GRAPH[module] if layer(m) in ("workflows", "serve", "cli", "root"))
     assert bad == [], f"{module} imports {bad}: the engine must not depend on workflows, the CLI or the facade"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in GRAPH if layer(m) == "workflows"))
 def test_workflows_never_import_the_cli_or_the_facade(module):
-    bad = sorted(m for m in GRAPH[module] if layer(m) in ("cli", "root"))
+    bad = sorted(m for m in GRAPH[module] if layer(m) in ("serve", "cli", "root"))
     assert bad == [], f"{module} imports {bad}"
+
+
+def test_only_the_cli_imports_the_http_shell():
+    """serve/ (FastAPI, an optional extra) sits beside cli/: only the CLI imports it, and it holds no model logic
+    (it imports workflows, not the engine's models or generation)."""
+    users = sorted(m for m, deps in GRAPH.items() if layer(m) not in ("cli", "serve")
+                   and any(layer(d) == "serve" for d in deps))
+    assert users == []
+    shell = sorted(d for m, deps in GRAPH.items() if layer(m) == "serve" for d in deps
+                   if layer(d) in ("models", "nn", "train", "data"))
+    assert shell == [], f"serve/ reaches into the engine: {shell}"
 
 
 def test_only_the_cli_imports_the_cli():

@@ -4,6 +4,7 @@ before it left behind. Only sizes are made small (a line's tiny overrides are ap
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,3 +92,26 @@ def test_the_readme_tour_chains(tmp_path):
     assert (tmp_path / "runs" / "cls-peft" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "runs" / "bert-mini-hf" / "config.json").is_file()
     assert len(ran) == len(lines) - 2 - (0 if have_bible else sum(map(needs_bible, lines)))
+
+
+def test_the_readme_talks_to_a_real_model(tmp_path):
+    """The "talk to a real model" block, as written: SmolLM2 answers the oracle question."""
+    from lmforge.data.sources import smollm2_path
+
+    smollm2_path()  # fetched once (the block's first line then finds it in the cache)
+    text = README.read_text(encoding="utf-8")
+    block = text.split("tests/test_tour.py runs this block too", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    script = "\n".join(line.split("  #")[0] for line in block.splitlines() if line.strip())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lmforge").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m lmforge.cli "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(SRC)}
+    result = subprocess.run(["bash", "-ec", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "The capital of France is Paris."
+    assert json.loads(lines[1])["finish_reason"] == "stop" and json.loads(lines[1])["reply"]

@@ -19,8 +19,8 @@ from lmforge.cli.common import Parser, resolve_settings
 from lmforge.errors import LmforgeError, Stopped
 
 # Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
-COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate", "chat", "translate", "finetune",
-                  "inspect"]
+COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate", "chat", "serve", "translate",
+                  "finetune", "inspect"]
 
 
 def build_parser() -> argparse.ArgumentParser:

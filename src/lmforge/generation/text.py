@@ -148,3 +148,49 @@ class TextStream:
         rest = text[len(self.printed):] if text.startswith(self.printed) else ""
         self.out.write(rest + "\n")
         self.out.flush()
+
+
+class Detokenizer:
+    """Text as tokens arrive, for an API stream: each ``add`` returns only what is safe to send.
+
+    Held back: a UTF-8 character cut between two tokens (U+FFFD at the end), and any tail that could be the start
+    of a stop string. A stop string ends the text and is not part of it (OpenAI's ``stop``); ``skip`` ids (an
+    end-of-turn token) are left out.
+
+    >>> class Chars:
+    ...     def decode(self, ids, skip_special_tokens=True): return "".join(map(chr, ids))
+    >>> d = Detokenizer(Chars(), stops=["!!"])
+    >>> [d.add(ord(c)) for c in "ab!!c"], d.text, d.stopped
+    (['a', 'b', '', '', ''], 'ab', True)
+    """
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = (), skip: Sequence[int] = ()) -> None:
+        self.tokenizer, self.stops, self.skip = tokenizer, [s for s in stops if s], frozenset(skip)
+        self.ids: list[int] = []
+        self.sent = ""
+        self.text = ""
+        self.stopped = False
+
+    def add(self, token: int) -> str:
+        if self.stopped:
+            return ""
+        if token not in self.skip:
+            self.ids.append(token)
+        decoded = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        found = [i for s in self.stops if (i := decoded.find(s)) >= 0]
+        if found:
+            self.stopped, decoded = True, decoded[: min(found)]
+            safe = decoded
+        else:
+            safe = decoded[:-1] if decoded.endswith("\ufffd") else decoded
+            hold = max((n for s in self.stops for n in range(1, len(s)) if safe.endswith(s[:n])), default=0)
+            safe = safe[: len(safe) - hold]
+        self.text = decoded
+        new, self.sent = safe[len(self.sent):], safe if len(safe) > len(self.sent) else self.sent
+        return new
+
+    def finish(self) -> str:
+        """What was held back, once the reply has ended (a stop string is still cut out)."""
+        rest = self.text[len(self.sent):]
+        self.sent = self.text
+        return rest

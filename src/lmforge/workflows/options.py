@@ -145,3 +145,22 @@ class ConvertOptions:
     """How ``lmforge convert`` writes what it writes."""
 
     gguf_type: Literal["f32", "f16", "q8_0"] = setting("f16", "--to-gguf: the matrices' type (norms stay f32)")
+
+
+@dataclass
+class ServeOptions:
+    """``lmforge serve``: where it listens, how many requests it decodes together, how many wait, what it refuses."""
+
+    host: str = setting("127.0.0.1", "address to bind (127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    port: int = setting(8000, "TCP port", min=1, max=65535)
+    slots: int = setting(8, "requests decoded together (continuous batching)", min=1, metavar="N")
+    max_queue: int = setting(64, "requests waiting for a slot before new ones get 429", min=0, metavar="Q")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/* (default: open)",
+                                  metavar="KEY")
+    dtype: Literal["fp32", "bf16", "fp16"] = setting("fp32", "weights' dtype")
+    context: int | None = setting(None, "longest prompt + reply a slot holds (default: the model's, at most 2048)",
+                                  min=1, metavar="N")
+    compile: bool | None = setting(None, "compile the engine's graphs (default: on CUDA)")
+    max_tokens: int = setting(256, "new tokens when a request does not say", min=1, metavar="N")
+    max_body: int = setting(1_000_000, "largest request body in bytes (413 beyond)", min=1, metavar="BYTES")
+    grace: float = setting(30.0, "seconds SIGTERM waits for the streams in flight before exiting", min=0)

@@ -179,7 +179,7 @@ def _only_mlm(model, objective: str):
 
 # -- continued pretraining: model.init_from ------------------------------------------------------------------
 INIT_OBJECTIVES = {"clm": "a decoder (GPT)", "mlm": "a BERT-style encoder", "mlm+nsp": "a BERT-style encoder"}
-INIT_KINDS = {"clm": ("decoder", "gpt2"), "mlm": ("encoder", "bert"), "mlm+nsp": ("encoder", "bert")}  # config.json
+INIT_KINDS = {"clm": ("decoder", "gpt2", "llama"), "mlm": ("encoder", "bert"), "mlm+nsp": ("encoder", "bert")}
 
 
 def checkpoint_dir(section: dict[str, Any], objective: str) -> Path:

@@ -202,6 +202,16 @@ class ModelService:
         with self.model_lock:
             return predict_lines(self.model, self.tokenizer, self.info, texts)
 
+    def attention_page(self, messages: list[dict[str, Any]]) -> str:
+        """The attention explorer (one self-contained HTML page) of a rendered conversation."""
+        from lmforge.viz.explorer import attention_page
+        from lmforge.workflows.inspect import attention_maps
+
+        text = self.chat_format.render(messages, add_generation_prompt=False)
+        with self.model_lock:
+            maps = attention_maps(self.model, self.tokenizer, text)
+        return attention_page(maps, model_name=self.name)
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.stop()
