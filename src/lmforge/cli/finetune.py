@@ -25,7 +25,7 @@ def run_finetune(args) -> int:
     finetune_args = args.settings["finetune"]
     report = finetune(finetune_args)
     metrics = report.get("eval") or {}
-    if metrics:
+    if "per_class" in metrics:  # a classifier's table; a chat model reports eval_loss alone
         print(format_report(metrics), file=sys.stderr)
     summary = {k: v for k, v in report.items() if k != "eval"}
     summary["eval"] = {k: v for k, v in metrics.items() if k not in ("per_class", "confusion")}

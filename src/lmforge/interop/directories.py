@@ -110,6 +110,8 @@ def weights_sha256(model_dir: Path) -> str | None:
     """sha256 of a model directory's weights file: what an adapter was trained on top of."""
     from lmforge.files import sha256_file
 
+    if model_dir.is_file():  # a .gguf base: the file is the weights
+        return sha256_file(model_dir)
     found = next((model_dir / n for n in WEIGHT_FILES if (model_dir / n).is_file()), None)
     return sha256_file(found) if found else None
 
@@ -121,7 +123,8 @@ def find_base_model(folder: Path, info: dict[str, Any]) -> Path:
     candidates = [given]
     if "base_model_relative" in info or not given.is_absolute():
         candidates.append(folder / info.get("base_model_relative", given))
-    base = next((c for c in candidates if (c / "config.json").is_file()), None)
+    base = next((c for c in candidates if (c / "config.json").is_file() or (c.is_file() and c.suffix == ".gguf")),
+                None)
     if base is None:
         tried = " or ".join(str(c) for c in candidates)
         raise LmforgeError(f"{folder / ADAPTER_CONFIG}: base_model {str(given)!r} not found (tried {tried}); put "
@@ -186,8 +189,18 @@ def load_finetuned(path: str | Path, device: str | None = None,
                             adapter_size=adapter.get("size", 64))
         tok_dir = folder if (folder / "tokenizer.json").is_file() else None
         base = find_base_model(folder, info)
-        model, tok = build_task_model(base, info["task"], len(info["labels"]), tok_dir)
-        model = apply_strategy(model, spec)
+        if info["task"] == "chat":  # an instruction-tuned decoder: the base decoder, its LoRA or adapters
+            from lmforge.models.strategies import apply_decoder_strategy
+
+            model, tok = load(base)
+            if tok_dir is not None:
+                from lmforge.tokenizers import load_tokenizer
+
+                tok = load_tokenizer(tok_dir)
+            model = apply_decoder_strategy(model, spec)
+        else:
+            model, tok = build_task_model(base, info["task"], len(info["labels"]), tok_dir)
+            model = apply_strategy(model, spec)
         tensors = read_weights(folder / ADAPTER_FILE)
         trained = {n for n, p in model.named_parameters() if p.requires_grad}
         missing = sorted(trained - set(tensors))

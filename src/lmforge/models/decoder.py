@@ -92,6 +92,7 @@ class Decoder(nn.Module):
         output_attentions: bool = False,
         logits_to_keep: int = 0,
         logit_positions: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
         """input_ids (B, T): the new tokens (all of them without a cache).
 
@@ -103,6 +104,8 @@ class Decoder(nn.Module):
             generation needs one row, not a (B, T, V) tensor of which it keeps ``[:, -1]``.
         logit_positions: (B,) the one position of each row whose logits to compute, (B, 1, V): the last real
             token of a right-padded prompt (the decoding engine's prefill).
+        segment_ids: (B, T) which packed sequence each position belongs to (data/chat.py): a position attends only
+            within its own segment (block-diagonal causal attention); pass position_ids restarting per segment.
         hidden_states follow Hugging Face: (embeddings, layer 1, ..., layer L-1, LN_f(layer L)).
         """
         check_ids(input_ids)
@@ -112,6 +115,9 @@ class Decoder(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=input_ids.device)  # (T,)
         mask = padding_mask(attention_mask)  # (B, S) or None
+        blocks = None
+        if segment_ids is not None:  # (B, 1, T, T): same segment only; the layers add the causal triangle
+            blocks = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
 
         h = self.tok_emb(input_ids)  # (B, T, D)
         if self.pos_emb is not None:
@@ -121,7 +127,7 @@ class Decoder(nn.Module):
         attentions: list[torch.Tensor] = []
         rotary_positions = position_ids if self.rotary is not None else None  # (T,) or (B, T)
         for i, layer in enumerate(self.layers):
-            out = layer(h, key_padding_mask=mask, need_weights=output_attentions,
+            out = layer(h, key_padding_mask=mask, attn_mask=blocks, need_weights=output_attentions,
                         cache=caches[i] if caches else None, positions=rotary_positions)
             h = out.hidden
             hidden.append(h)

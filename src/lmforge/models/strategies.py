@@ -83,3 +83,24 @@ def apply_strategy(model: nn.Module, spec: StrategySpec) -> nn.Module:
         inject_adapters(model.encoder, spec.adapter_size, ADAPTER_TARGETS)
     mark_trainable(model, ("head.",))
     return model
+
+
+def apply_decoder_strategy(model: nn.Module, spec: StrategySpec) -> nn.Module:
+    """The strategies on a decoder (instruction tuning, workflows/sft.py): full; frozen (only the LM head trains,
+    the token embedding too when they are tied); lora on ``lora_targets``; bottleneck adapters."""
+    if spec.strategy == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    if spec.strategy == "lora":
+        try:
+            inject_lora(model, spec.lora_r, spec.lora_alpha, spec.lora_dropout, list(spec.lora_targets))
+        except ValueError as err:
+            raise LmforgeError(f"--lora-targets: {err}") from None
+        mark_trainable(model)
+    elif spec.strategy == "adapter":
+        inject_adapters(model, spec.adapter_size, ADAPTER_TARGETS)
+        mark_trainable(model)
+    else:  # frozen: the head only
+        mark_trainable(model, ("lm_head.",))
+    return model

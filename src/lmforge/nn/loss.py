@@ -22,7 +22,9 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: floa
     With label smoothing ε (Szegedy et al. 2016; Vaswani et al. §5.4 use ε = 0.1) the target is
     (1 - ε) on the label plus ε / V spread over the whole vocabulary.
     """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat = flat if flat.dtype == torch.float64 else flat.float()  # bf16/fp16 logits scored in fp32
+    return F.cross_entropy(flat, labels.reshape(-1),
                            ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing)
 
 

@@ -47,7 +47,8 @@ from lmforge.models.strategies import StrategySpec, apply_strategy
 from lmforge.outputs import RECORD_NAME, claim_output, record_output
 from lmforge.workflows import self_training
 from lmforge.workflows.classify import encode, evaluate_model, predict_lines, probabilities
-from lmforge.workflows.finetune_args import CNN_LR, DEFAULT_LR, REPORT_FILE, FinetuneArgs
+from lmforge.workflows.finetune_args import REPORT_FILE, FinetuneArgs, train_config
+from lmforge.workflows.finetune_eval import LastStepClock, parameter_counts
 
 # The fine-tuning API in one place: train (finetune), reload (load_finetuned), score and predict.
 __all__ = ["FinetuneArgs", "evaluate_model", "finetune", "load_finetuned", "parameter_counts", "predict_lines"]
@@ -64,21 +65,6 @@ def build_cnn_task_model(model_dir: str | Path, num_labels: int):
     if tok.pad_id is None:
         raise LmforgeError(f"{model_dir}: the tokenizer has no padding token")
     return cnn_classifier_for(tok, num_labels).train(), tok
-
-
-def parameter_counts(model: nn.Module) -> dict[str, Any]:
-    """Trainable parameters, all parameters, and their ratio to what full fine-tuning trains.
-
-    Full fine-tuning trains every weight of the base model + head; LoRA/adapter parameters are extra.
-    """
-    from lmforge.nn.lora import is_delta_parameter
-
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    delta = sum(p.numel() for n, p in model.named_parameters() if is_delta_parameter(n))
-    full = total - delta - sum(p.numel() for n, p in model.named_parameters() if n.startswith("mix."))
-    return {"trainable_params": trainable, "total_params": total, "full_finetune_params": full,
-            "trainable_ratio": round(trainable / full, 6)}
 
 
 def memory_report(model: nn.Module, rss_before: int, device: torch.device) -> dict[str, int]:
@@ -105,20 +91,6 @@ def current_rss() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-class LastStepClock:
-    """A trainer callback noting when the last logged step ended (the trainer logs the last step)."""
-
-    last: float | None = None
-    last_cpu: float | None = None
-
-    def on_step(self, trainer: Any, step: int, record: dict[str, Any]) -> None:
-        self.last, self.last_cpu = time.perf_counter(), time.process_time()
-
-    def on_eval(self, *args: Any) -> None: ...
-
-    def on_save(self, *args: Any) -> None: ...
 
 
 # -- the run ----------------------------------------------------------------------------------------------
@@ -162,25 +134,6 @@ def prepare_model(args: FinetuneArgs, num_labels: int) -> tuple[nn.Module, Any]:
     return apply_strategy(model, strategy_spec(args)), tok
 
 
-def train_config(args: FinetuneArgs, steps: int):
-    """The trainer's settings for a fine-tuning run of ``steps`` optimizer steps (linear decay, warmup)."""
-    from lmforge.train.config import TrainConfig
-
-    lr = args.lr or (CNN_LR if args.arch == "cnn" else DEFAULT_LR[args.strategy])
-    return TrainConfig(lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
-                       warmup_steps=int(args.warmup * steps), max_steps=steps, schedule="linear",
-                       batch_size=args.batch_size, save_every=args.save_every, keep_last=1,
-                       log_every=log_every(args, steps),
-                       progress=args.progress, tensorboard=False, seed=args.seed, device=args.device,
-                       precision=args.precision, compile=args.compile)
-
-
-def log_every(args: FinetuneArgs, steps: int) -> int:
-    """About 20 log lines a run, on every evaluation step too (callbacks see the logged steps)."""
-    base = max(1, steps // 20)
-    return math.gcd(args.eval_every, base) if args.eval_every else base
-
-
 def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path, eval_ex: list | None = None
         ) -> tuple[nn.Module, Any, dict[str, Any]]:
     """Fine-tune the starting model on ``train_ex``: (trained model, tokenizer, what the report says of it).
@@ -205,7 +158,8 @@ def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path, eva
     if args.eval_every and eval_ex:
         scoring = dict(tokenizer=tok, task=args.task, names=names, examples=eval_ex, max_len=max_len,
                        batch_size=args.eval_batch_size)
-        best = BestCheckpoint(model, scoring, args.eval_every, args.best_metric, args.early_stopping)
+        best = BestCheckpoint(model, lambda m: evaluate_model(m, **scoring), args.eval_every, args.best_metric,
+                              args.early_stopping)
     trainer = Trainer(model, source, config, run_dir, callbacks=[clock] + ([best] if best else []), recipe=recipe,
                       tokenizer_dir=args.model, model_info={"task": args.task, "labels": list(names)})
     rss_before = current_rss()
@@ -295,6 +249,10 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
 
 
 def _finetune(args: FinetuneArgs, out: Path) -> dict[str, Any]:
+    if args.task == "chat":  # instruction tuning of a decoder: workflows/sft.py
+        from lmforge.workflows.sft import finetune_chat
+
+        return finetune_chat(args, out)
     train_ex, eval_ex, names = read_examples(args)
     if args.unlabeled:  # the file is checked before any training
         self_training.read_unlabeled(args.unlabeled, names)

@@ -30,10 +30,12 @@ class FinetuneArgs:
     ``model``, ``task`` and ``train`` have no default: give them as flags or in the recipe.
     """
 
-    model: str | None = setting(None, "starting model directory (lmforge encoder or biLM, or Hugging Face BERT)",
-                                metavar="DIR")
-    task: Literal["seq-cls", "token-cls"] | None = setting(None, "seq-cls (a label per text) | token-cls (per word)")
-    train: str | None = setting(None, "CSV / TSV / JSONL (seq-cls) or word/TAG / CoNLL (token-cls)", metavar="FILE")
+    model: str | None = setting(None, "starting model: an encoder or biLM directory (classification), a decoder "
+                                "directory or .gguf file (chat)", metavar="DIR")
+    task: Literal["seq-cls", "token-cls", "chat"] | None = setting(
+        None, "seq-cls (a label per text) | token-cls (per word) | chat (instruction tuning of a decoder)")
+    train: str | None = setting(None, "CSV / TSV / JSONL (seq-cls), word/TAG / CoNLL (token-cls), JSON lines of "
+                                "messages or prompt/completion (chat)", metavar="FILE")
     strategy: Literal["full", "frozen", "lora", "adapter"] = setting("full", "full | frozen | lora | adapter")
     out: str = setting("runs/finetune", "output directory", metavar="DIR")
     eval: str | None = setting(None, "evaluation file in the training file's format", metavar="FILE")
@@ -55,6 +57,7 @@ class FinetuneArgs:
     adapter_size: int = setting(64, "adapter bottleneck width", min=1)
     merge: bool = setting(False, "lora: fold the update into W and save a full model directory")
     label_all: bool = setting(False, "token-cls: label every sub-token, not only the first")
+    packing: bool = setting(True, "chat: several conversations per row of max_len (attention kept within each)")
     limit: int = setting(0, "use only the first N training examples (0: all)", min=0, metavar="N")
     scratch: bool = setting(False, "re-initialise the encoder (no pretraining; a baseline)")
     arch: Literal["transformer", "cnn"] = setting("transformer", "transformer, or cnn: a fresh sentence CNN (seed "
@@ -62,8 +65,8 @@ class FinetuneArgs:
     eval_batch_size: int = setting(64, "rows per evaluation batch", min=1, may_change=True)
     eval_every: int = setting(0, "score on eval every N steps and keep the best weights (0: only at the end)", min=0,
                               metavar="N")
-    best_metric: Literal["accuracy", "macro_f1", "chunk_f1"] = setting("accuracy", "what 'best' means with "
-                                                                       "eval_every")
+    best_metric: Literal["accuracy", "macro_f1", "chunk_f1", "eval_loss"] = setting(
+        "accuracy", "what 'best' means with eval_every (chat: always eval_loss)")
     early_stopping: int = setting(0, "with eval_every: stop after this many evaluations without improvement "
                                   "(0: never)", min=0, metavar="PATIENCE")
     device: str = setting("auto", "cpu | cuda | cuda:N | mps | auto", metavar="DEV", may_change=True)
@@ -99,6 +102,8 @@ class FinetuneArgs:
              "--arch cnn trains a new model: it goes with --task seq-cls --strategy full"),
             (self.unlabeled is not None and self.task != "seq-cls", "--unlabeled: self-training supports --task "
              "seq-cls only (a token-cls pseudo-label would need a confidence per word)"),
+            (self.task == "chat" and (self.mix or self.arch != "transformer" or self.scratch),
+             "--task chat tunes a decoder as it is: no --mix, --arch cnn or --scratch"),
         ]
         for broken, message in rules:
             if broken:
@@ -111,3 +116,19 @@ class FinetuneArgs:
 
 
 FINETUNE = Recipe({"finetune": FinetuneArgs}, fixed=("finetune",))
+
+
+def train_config(args: FinetuneArgs, steps: int):
+    """The trainer's settings for a fine-tuning run of ``steps`` optimizer steps (linear decay, warmup)."""
+    import math
+
+    from lmforge.train.config import TrainConfig
+
+    lr = args.lr or (CNN_LR if args.arch == "cnn" else DEFAULT_LR[args.strategy])
+    base = max(1, steps // 20)  # about 20 log lines a run, on every evaluation step too
+    return TrainConfig(lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
+                       warmup_steps=int(args.warmup * steps), max_steps=steps, schedule="linear",
+                       batch_size=args.batch_size, save_every=args.save_every, keep_last=1,
+                       log_every=math.gcd(args.eval_every, base) if args.eval_every else base,
+                       progress=args.progress, tensorboard=False, seed=args.seed, device=args.device,
+                       precision=args.precision, compile=args.compile)

@@ -1,30 +1,36 @@
 """Evaluation during fine-tuning, the best checkpoint and early stopping, as Trainer users expect them.
 
-Every ``eval_every`` steps the model is scored on the evaluation file (``classify.evaluate_model``). The
-weights that scored best on ``best_metric`` (accuracy, macro_f1 or, for tagging with BIO labels, chunk_f1)
-are kept and put back at the end, so the saved model is the best one seen, not the last; with
-``early_stopping`` = P, training ends after P evaluations in a row without improvement. The report names the
-step that was kept: ``{"best": {"step": 120, "metric": "macro_f1", "value": 0.87}, "evals": [...]}``.
+Every ``eval_every`` steps the model is scored on the evaluation file (``classify.evaluate_model``, or the eval
+loss for instruction tuning). The weights that scored best on ``best_metric`` (accuracy, macro_f1 or, for tagging
+with BIO labels, chunk_f1; the lowest eval_loss) are kept and put back at the end, so the saved model is the best
+one seen, not the last; with ``early_stopping`` = P, training ends after P evaluations in a row without
+improvement. The report names the step that was kept:
+``{"best": {"step": 120, "metric": "macro_f1", "value": 0.87}, "evals": [...]}``.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from lmforge.train.trainer import Callback
-from lmforge.workflows.classify import evaluate_model
 
-METRICS = ("accuracy", "macro_f1", "chunk_f1")
+METRICS = ("accuracy", "macro_f1", "chunk_f1", "eval_loss")
+LOWER_IS_BETTER = ("eval_loss",)
 
 
 class BestCheckpoint(Callback):
-    """Scores the model every ``every`` steps, keeps the best weights, and may stop the run early."""
+    """Scores the model every ``every`` steps (``evaluate(model) -> {metric: value}``), keeps the best weights,
+    and may stop the run early."""
 
-    def __init__(self, model: nn.Module, score: dict[str, Any], every: int, metric: str, patience: int = 0) -> None:
-        self.model, self.score, self.every, self.metric, self.patience = model, score, every, metric, patience
+    def __init__(self, model: nn.Module, evaluate: Callable[[nn.Module], dict[str, Any]], every: int, metric: str,
+                 patience: int = 0) -> None:
+        self.model, self.evaluate, self.every, self.metric, self.patience = model, evaluate, every, metric, patience
+        self.sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
         self.best_value: float | None = None
         self.best_step = 0
         self.best_state: dict[str, torch.Tensor] | None = None
@@ -35,11 +41,12 @@ class BestCheckpoint(Callback):
         if step % self.every:
             return
         self.model.eval()
-        report = evaluate_model(self.model, **self.score)
+        with torch.no_grad():
+            report = self.evaluate(self.model)
         self.model.train()
         value = float(report[self.metric])
         self.evals.append({"step": step, **{k: report[k] for k in METRICS if k in report}})
-        if self.best_value is None or value > self.best_value:
+        if self.best_value is None or self.sign * value > self.sign * self.best_value:
             self.best_value, self.best_step, self.stale = value, step, 0
             self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         else:
@@ -53,3 +60,32 @@ class BestCheckpoint(Callback):
             return None
         self.model.load_state_dict(self.best_state)
         return {"step": self.best_step, "metric": self.metric, "value": self.best_value}
+
+
+def parameter_counts(model: nn.Module) -> dict[str, Any]:
+    """Trainable parameters, all parameters, and their ratio to what full fine-tuning trains.
+
+    Full fine-tuning trains every weight of the base model + head; LoRA/adapter parameters are extra.
+    """
+    from lmforge.nn.lora import is_delta_parameter
+
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    delta = sum(p.numel() for n, p in model.named_parameters() if is_delta_parameter(n))
+    full = total - delta - sum(p.numel() for n, p in model.named_parameters() if n.startswith("mix."))
+    return {"trainable_params": trainable, "total_params": total, "full_finetune_params": full,
+            "trainable_ratio": round(trainable / full, 6)}
+
+
+class LastStepClock:
+    """A trainer callback noting when the last logged step ended (the trainer logs the last step)."""
+
+    last: float | None = None
+    last_cpu: float | None = None
+
+    def on_step(self, trainer: Any, step: int, record: dict[str, Any]) -> None:
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
+
+    def on_eval(self, *args: Any) -> None: ...
+
+    def on_save(self, *args: Any) -> None: ...
