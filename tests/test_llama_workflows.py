@@ -76,7 +76,7 @@ def test_attention_explorer_on_a_chat_prompt(llama_dir, tmp_path, capsys):
                           str(tmp_path / "a.html")], capsys)
     assert code == 0, err
     shapes = json.loads(out)["shapes"]
-    assert list(shapes.values())[0][:2] == [2, 4]  # 2 layers x 4 query heads (2 key/value heads shared)
+    assert next(iter(shapes.values()))[:2] == [2, 4]  # 2 layers x 4 query heads (2 key/value heads shared)
     assert "<|im_start|>" in json.loads(out)["tokens"]
 
 

@@ -42,7 +42,21 @@ def run_evaluate(args) -> int:
     from lmforge.workflows.finetune import evaluate_model
 
     options, device = args.settings["evaluate"], args.settings["runtime"].device
+    if bool(args.tasks) == bool(args.data):
+        raise LmforgeError("evaluate: give --data FILE (a classifier's labels, a language model's text) or "
+                           "--tasks FILE.jsonl ... (a chat model's tasks), one of the two")
     model, tok = load(args.model, device=device)
+    if args.tasks:
+        from lmforge.workflows.chat_eval import evaluate_tasks
+
+        if tok is None:
+            raise LmforgeError(f"--model: {args.model} has no tokenizer")
+        for path in args.tasks:
+            result = evaluate_tasks(model, tok, path, options, args.fewshot)
+            print(f"{result['task']}: {result['metric']} {result['score']} (95% CI {result['ci95'][0]}-"
+                  f"{result['ci95'][1]}) over {result['items']} items, {options.shots}-shot", file=sys.stderr)
+            print(json.dumps(result, ensure_ascii=False), flush=True)
+        return 0
     if generates_text(model) and "Classification" not in type(model).__name__:  # a language model: perplexity
         from lmforge.files import read_text_utf8
         from lmforge.workflows.perplexity import perplexity
@@ -103,9 +117,14 @@ def add_commands(sub) -> None:
                        description="A classifier: accuracy, macro-F1, per-class report and confusion matrix (token "
                                    "accuracy and BIO chunk F1 for tagging). A language model (GPT): perplexity, "
                                    "bits per character and per byte of a text file, scored in sliding windows. "
-                                   "One JSON object on standard output.")
+                                   "One JSON object on standard output. A chat model with --tasks: multiple "
+                                   "choice by log-likelihood, exact match or chrF/BLEU of greedy replies, each "
+                                   "with a 95%% bootstrap interval, one JSON line per tasks file.")
     e.add_argument("--model", required=True, help="a fine-tuned classifier, or a language model directory")
-    e.add_argument("--data", required=True, help="labeled file in the training format, or a text file (LM)")
+    e.add_argument("--data", help="labeled file in the training format, or a text file (LM)")
+    e.add_argument("--tasks", nargs="+", metavar="FILE", help="a chat model's tasks (JSON lines with messages and "
+                   "choices+answer, answer, or reference): one JSON line of scores per file")
+    e.add_argument("--fewshot", metavar="FILE", help="with --shots K: conversations to take the K examples from")
     e.add_argument("--png", help="also write the confusion matrix to this PNG")
     add_settings(e, EVALUATE_SETTINGS)
     add_quiet(e)

@@ -256,7 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     labeled = sub.add_parser("labeled", help="write a labeled data set as train.csv and dev.csv (label,text)")
     labeled.add_argument("name", choices=sorted(LABELED))
     labeled.add_argument("--out", default="data", help="directory for train.csv and dev.csv (default data/)")
+    from lmforge.data.chat_tasks import CHAT_TASKS, write_chat_task
+
+    chat = sub.add_parser("chat", help="write a chat task as train/dev/test JSON lines (data/chat_tasks.py)")
+    chat.add_argument("name", choices=sorted(CHAT_TASKS))
+    chat.add_argument("--out", required=True, help="directory for train.jsonl, dev.jsonl and test.jsonl")
     args = parser.parse_args(argv)
+    if args.command == "chat":
+        try:
+            print(" ".join(map(str, write_chat_task(args.name, args.out))))
+        except FetchError as err:
+            print(f"lmforge: could not fetch the data of {args.name}: {err}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "path":
         try:
             print(FETCHERS[args.name]())

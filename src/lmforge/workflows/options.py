@@ -75,6 +75,15 @@ class EvaluateOptions:
     stride: int | None = setting(None, "language model: tokens each window moves on (default half the context)",
                                  min=1, metavar="N")
     batch_size: int = setting(64, "rows per batch", min=1, metavar="N")
+    shots: int = setting(0, "--tasks: k solved examples from --fewshot prepended to each item (few-shot)", min=0,
+                         metavar="K")
+    limit: int = setting(0, "--tasks: score the first N items of each file (0 = all)", min=0, metavar="N")
+    normalization: str = setting("chars", "--tasks multiple choice: the headline accuracy compares log-likelihoods "
+                                 "per character of the choice (chars), per token (tokens) or summed (none)",
+                                 choices=("chars", "tokens", "none"))
+    max_new_tokens: int = setting(96, "--tasks: longest greedy reply for exact-match and reference items", min=1,
+                                  metavar="N")
+    seed: int = setting(0, "--tasks: which few-shot examples, and the bootstrap's resamples", metavar="N")
 
 
 @dataclass
