@@ -97,6 +97,16 @@ CASES: dict[str, list[tuple[str, bytes | None, str]]] = {
         ("generate --model {w}/bert --prompt hi", None, "--model"),
         ("generate --model {w}/gpt", b"hi \xff\n", "<stdin> line 1"),
     ],
+    "chat": [
+        ("chat --model {w}/gpt", b'{"messages": [{"role": "user", "content": "hi"}]}\n', "chat template"),
+        ("chat --model {w}/missing", None, "missing"),
+        ("chat --model {w}/gpt --temperature -1", None, "--temperature"),
+    ],
+    "serve": [
+        ("serve --model {w}/missing", None, "missing"),
+        ("serve --model {w}/gpt --port 0", None, "--port"),
+        ("serve --model {w}/gpt --slots 0", None, "--slots"),
+    ],
     "translate": [
         ("translate --model {w}/gpt hello", None, "--model"),
         ("translate --model {w}/s2s --eval {w}/missing.tsv", None, "missing.tsv"),

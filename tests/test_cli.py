@@ -38,8 +38,8 @@ def options(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_every_command_group_is_reached():
     assert {name.split()[0] for name in LEAVES} == {"demo", "tokenizer", "data", "pretrain", "convert", "generate",
-                                                     "translate", "finetune", "evaluate", "predict", "attention",
-                                                     "embed"}
+                                                     "translate", "chat", "serve", "finetune", "evaluate", "predict",
+                                                     "attention", "embed"}
 
 
 @pytest.mark.parametrize("name", sorted(LEAVES))

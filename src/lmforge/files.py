@@ -16,12 +16,15 @@ over the target (``os.replace`` is atomic within one file system). A failure rem
 from __future__ import annotations
 
 import contextlib
+import csv
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
+
+csv.field_size_limit(2**31 - 1)  # a CSV field may be as long as its file (Python's default stops at 131,072)
 
 UMASK = os.umask(0o22)
 os.umask(UMASK)  # read once: the mode a plain open(path, "w") would give

@@ -12,7 +12,10 @@ import argparse
 import contextlib
 import importlib
 import io
+import os
+import signal
 import sys
+import threading
 
 from lmforge import __version__
 from lmforge.cli.common import Parser, resolve_settings
@@ -59,8 +62,25 @@ def quiet_stderr(enabled: bool):
         sys.stderr = real
 
 
+def stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM outside training (which checkpoints first): unwind like Ctrl-C, so worker pools terminate and
+    locks are released on the way out, then one line and exit 143."""
+    raise Stopped("stopped by SIGTERM", signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():
+        return run(args)
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        return run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The handler, with every way it can end turned into an exit code and at most one line."""
     try:
         with quiet_stderr(getattr(args, "quiet", False)):
             if hasattr(args, "schema"):  # the command's settings: defaults < --config < KEY=VALUE < flags
@@ -77,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stop:  # SIGINT / SIGTERM during training: the checkpoint is saved, the line says where
         print(f"lmforge: {stop}", file=sys.stderr)
         return stop.exit_code
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except OSError as err:  # the file system said no (permissions, a directory for a file, ...)
         if err.filename is None:
             raise
@@ -85,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lmforge: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

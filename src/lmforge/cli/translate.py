@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
@@ -36,6 +37,14 @@ def run_translate(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--align: {args.align} must end in .png, .pdf or .svg")
     if args.out and Path(args.out).is_dir():
         raise LmforgeError(f"--out: {args.out} is a directory; give a file for the translations")
+    for flag, target in (("--out", args.out), ("--align", args.align)):  # before the work, not after it
+        folder = Path(target).resolve().parent if target else None
+        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+            raise LmforgeError(f"{flag}: cannot write into {folder} (missing or read-only)")
+    if args.eval:
+        from lmforge.workflows.translate import require_sacrebleu
+
+        require_sacrebleu()
     decode, options = args.settings["decode"], args.settings["translate"]
     model, tokenizer = load(args.model, device=args.settings["runtime"].device)
     if not is_encoder_decoder(model):
@@ -51,8 +60,9 @@ def run_translate(args: argparse.Namespace) -> int:
         result = evaluate_translation(model, tokenizer, path, beams=decode.beams, length_penalty=decode.length_penalty,
                                       limit=options.limit, batch_size=decode.batch_size)
         if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write("\n".join(result["hypotheses"]) + "\n")
+            from lmforge.files import write_text_atomic
+
+            write_text_atomic(args.out, "\n".join(result["hypotheses"]) + "\n")
         samples = [{"source": s, "reference": r, "translation": h}
                    for (s, r), h in zip(result["pairs"][:3], result["hypotheses"][:3], strict=True)]
         report = {k: v for k, v in result.items() if k not in ("hypotheses", "pairs")}

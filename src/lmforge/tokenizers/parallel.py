@@ -12,9 +12,10 @@ more than the encoding itself.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 from collections.abc import Sequence
 from typing import Any
+
+from lmforge.workers import pool
 
 _WORKER_OBJECT: Any = None
 
@@ -49,8 +50,8 @@ def map_in_processes(obj: Any, method: str, jobs: Sequence[tuple], kwargs: dict[
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the results are unpickled here: millions of small objects again
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            results = pool.map(_run_part, parts)
+        with pool(workers) as processes:
+            results = processes.map(_run_part, parts)
     finally:
         _WORKER_OBJECT = None
         if gc_was_enabled:

@@ -22,7 +22,6 @@ the rule of Hugging Face's ``BpeTrainer``, so byte-level BPE learns exactly its 
 from __future__ import annotations
 
 import heapq
-import multiprocessing
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,6 +29,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
+from lmforge.workers import pool
 
 Split = Callable[[str], list[str]]
 _WORKER_SPLIT: Split | None = None
@@ -126,8 +126,8 @@ def count_words(texts: Iterable[str], split: Split, workers: int = 1) -> Counter
     chunks = [p for text in texts for c in split_points(text) for p in bounded_pieces(c)]
     _WORKER_SPLIT = split
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            for part in pool.imap_unordered(_count_chunk, chunks):
+        with pool(workers) as processes:
+            for part in processes.imap_unordered(_count_chunk, chunks):
                 counts.update(part)
     finally:
         _WORKER_SPLIT = None

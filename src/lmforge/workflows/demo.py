@@ -42,7 +42,7 @@ def demo_recipe(steps: int) -> dict:
         "data": {"objective": "clm", "files": ["shakespeare"], "seq_len": 128, "eval_batches": 8},
         "model": {"preset": "gpt-tiny", "d_model": 128, "n_layers": 4, "n_heads": 4, "d_ff": 512,
                   "max_positions": 128, "dropout": 0.0, "attention_dropout": 0.0},
-        "train": {"lr": 2e-3, "min_lr": 2e-4, "warmup_steps": min(50, steps), "max_steps": steps,
+        "train": {"lr": 2e-3, "min_lr": 2e-4, "warmup_steps": min(50, steps // 10), "max_steps": steps,
                   "batch_size": 16, "weight_decay": 0.1, "eval_every": max(1, steps // 4),
                   "save_every": max(1, steps // 4), "log_every": 10, "tensorboard": False},
     }

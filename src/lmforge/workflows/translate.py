@@ -84,6 +84,15 @@ def translate(
     return results
 
 
+def require_sacrebleu() -> None:
+    """One line, before any translating, when the scorer is missing (the ``translate`` extra)."""
+    try:
+        import sacrebleu  # noqa: F401
+    except ImportError:
+        raise LmforgeError("--eval scores with sacrebleu, which is not installed: pip install 'lmforge[translate]' "
+                           "(or pip install sacrebleu)") from None
+
+
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
     """sacrebleu's corpus BLEU and chrF of ``hypotheses`` against one reference each.
 
