@@ -199,3 +199,22 @@ assert main(["tokenizer", "decode", "--tokenizer", {str(tmp_path / "tok")!r}, "[
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 3 and '"ids"' in lines[1] and '"text"' in lines[2]
+
+
+def test_every_write_goes_through_the_atomic_helper():
+    """lmforge.files writes (temporary file, fsync, rename); a direct write elsewhere must say why it is safe:
+    ``atomic:`` (inside a folder renamed as a whole, a .part renamed once checked) or ``append-only:`` (logs)."""
+    import re
+
+    direct = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"'](w|a)")
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "files.py" and path.parent == PACKAGE:
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines):
+            if direct.search(line) and not line.lstrip().startswith(">>>"):
+                said = line + (lines[number - 1] if number else "")
+                if "atomic:" not in said and "append-only:" not in said:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{number + 1}")
+    assert offenders == [], f"direct writes: {offenders} (use lmforge.files.write_text_atomic / atomic_path)"

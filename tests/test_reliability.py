@@ -191,7 +191,7 @@ def test_a_flipped_tensor_byte_is_caught_and_named(tmp_path, encoder_dir):
     lmforge.load(model_dir, verify=False)  # the bytes still parse: only the checksum knows
 
 
-def test_a_file_missing_from_the_manifest_is_refused_and_no_manifest_still_loads(tmp_path, encoder_dir):
+def test_a_file_missing_from_the_manifest_is_refused_and_so_is_a_missing_manifest(tmp_path, encoder_dir):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     for f in encoder_dir.iterdir():
@@ -201,9 +201,16 @@ def test_a_file_missing_from_the_manifest_is_refused_and_no_manifest_still_loads
     (model_dir / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(LmforgeError, match=r"model\.safetensors: not listed in checksums\.json"):
         lmforge.load(model_dir)
-    (model_dir / MANIFEST_NAME).unlink()  # a Hugging Face folder or an older run: loads unverified
-    model, tok = lmforge.load(model_dir)
+    (model_dir / MANIFEST_NAME).unlink()  # lmforge wrote it (config.json says so): no manifest, no trust
+    with pytest.raises(LmforgeError, match=r"checksums\.json is missing.*--no-verify"):
+        lmforge.load(model_dir)
+    model, tok = lmforge.load(model_dir, verify=False)
     assert tok is not None and type(model).__name__ == "Encoder"
+    config = json.loads((model_dir / "config.json").read_text())
+    del config["lmforge_version"]  # as from an older lmforge, or written by hand: loads, unverified
+    (model_dir / "config.json").write_text(json.dumps(config))
+    (model_dir / "tokenizer.json").unlink()  # an lmforge tokenizer.json without its manifest is refused too
+    assert type(lmforge.load(model_dir)[0]).__name__ == "Encoder"
 
 
 def toy_config(**kw) -> TrainConfig:
@@ -589,3 +596,63 @@ def test_a_killed_rank_ends_the_other_with_a_clear_error_within_the_timeout(tmp_
     assert procs[0].returncode == 2, err[-2000:]
     assert "another process of the run failed or did not answer within train.dist_timeout=20 s" in err
     assert time.perf_counter() - start < 60
+
+
+def test_resume_refuses_when_no_checkpoint_verifies_and_keeps_the_log(tmp_path):
+    torch.manual_seed(0)
+    train(ToyLM(), ToySource(4), toy_config(), tmp_path)
+    log = (tmp_path / "log.jsonl").read_bytes()
+    for checkpoint in checkpoints_dir(tmp_path).glob("step-*"):
+        data = bytearray((checkpoint / "optimizer.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (checkpoint / "optimizer.pt").write_bytes(bytes(data))
+    with pytest.raises(LmforgeError, match=r"none of its 2 checkpoints verifies .* --no-verify"):
+        Trainer(ToyLM(), ToySource(4), toy_config(max_steps=8), tmp_path).setup()
+    assert (tmp_path / "log.jsonl").read_bytes() == log  # the record of the run is kept
+
+
+def test_a_checkpoints_tokenizer_is_verified_too(tmp_path, finished_run):
+    """A checkpoint's config.json points at its run's tokenizer, outside the checkpoint: that file is checked
+    against the tokenizer folder's own manifest (swapping two ids used to load silently)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    step = checkpoints_dir(run) / "step-000004"
+    lmforge.load(step)  # intact: loads
+    path = run / "tokenizer" / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["special_tokens"] = data.get("special_tokens", {})  # any edit that still parses (ids swapped, say)
+    path.write_text(json.dumps(data, indent=2))
+    with pytest.raises(LmforgeError, match=r"tokenizer\.json: differs from checksums\.json"):
+        lmforge.load(step)
+
+
+def test_convert_does_not_launder_a_corrupt_model(tmp_path, encoder_dir, capsys):
+    """convert --to-hf reads through the same check as lmforge.load: no fresh manifest over bad bytes."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(encoder_dir, bad)
+    data = bytearray((bad / "model.safetensors").read_bytes())
+    data[-10] ^= 0x01
+    (bad / "model.safetensors").write_bytes(bytes(data))
+    assert main(["convert", "--to-hf", str(bad), "--out", str(tmp_path / "hf")]) == 2
+    assert "model.safetensors: sha256 differs" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_runs_tokenizer_without_its_manifest_is_refused_on_load_and_resume(tmp_path, finished_run, corpus):
+    import shutil
+
+    from lmforge.workflows.pretrain import pretrain
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "tokenizer" / MANIFEST_NAME).unlink()
+    with pytest.raises(LmforgeError, match=r"checksums\.json is missing"):
+        lmforge.load(checkpoints_dir(run) / "step-000004")
+    recipe = tiny_recipe([str(corpus)], steps=6)
+    recipe["train"]["save_every"] = 2
+    with pytest.raises(LmforgeError, match=r"tokenizer: lmforge wrote this but its checksums\.json is missing"):
+        pretrain(recipe, run)

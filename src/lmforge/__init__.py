@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from lmforge.manifest import VERSION as __version__
 
 if TYPE_CHECKING:
     from torch import nn

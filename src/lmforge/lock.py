@@ -43,7 +43,7 @@ class RunLock:
         if self.path.parent.exists() and not self.path.parent.is_dir():
             raise LmforgeError(f"{self.path.parent}: is a file, not a directory")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
+        f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)  append-only: the lock
         if fcntl is not None:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -2,8 +2,9 @@
 
 Every checkpoint and every saved model directory ends with ``checksums.json``, written last and
 atomically: the sha256 and size of each file written before it. A reader verifies the files it is about
-to use against it; a mismatch is one line naming the file. A directory without the manifest (a Hugging
-Face download, a run saved by an older lmforge) still loads, unverified.
+to use against it; a mismatch is one line naming the file. A directory without the manifest loads
+unverified when someone else wrote it (a Hugging Face download: its format is checked as it is read) and is
+refused when lmforge did (its config.json names the lmforge version; a checkpoint; an lmforge tokenizer.json).
 
     >>> import tempfile; d = Path(tempfile.mkdtemp())
     >>> _ = (d / "w.bin").write_bytes(b"weights")
@@ -30,6 +31,7 @@ from pathlib import Path
 from lmforge.errors import LmforgeError
 from lmforge.files import sha256_file, write_text_atomic
 
+VERSION = "0.1.0"  # lmforge's version (lmforge.__version__), recorded in what it writes
 MANIFEST_NAME = "checksums.json"
 VERIFY = {"default": True}  # the process-wide default of ``verify`` (``--no-verify`` turns it off)
 
@@ -68,16 +70,20 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, dict]:
     return files
 
 
-def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = (), verify: bool | None = None) -> bool:
+def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = (), verify: bool | None = None,
+                    lmforge_written: bool = False) -> bool:
     """Check every file the manifest lists (and that each of ``required`` is listed); False if no manifest.
 
     A missing file, a size or sha256 that differs, or a required file the manifest does not list is an
-    ``LmforgeError`` naming the file. ``verify=False`` (or ``--no-verify``) skips the check.
+    ``LmforgeError`` naming the file. ``verify=False`` (or ``--no-verify``) skips the check. A directory that
+    lmforge wrote (``lmforge_written``: it always writes a manifest there) without one is refused.
     """
     if not (VERIFY["default"] if verify is None else verify):
         return False
     folder = Path(directory)
     if not (folder / MANIFEST_NAME).is_file():
+        if lmforge_written:
+            raise missing_manifest(folder)
         return False
     entries = read_manifest(folder)
     for name in required:
@@ -95,6 +101,38 @@ def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = (), 
         if sha256_file(file) != entry.get("sha256"):
             raise LmforgeError(f"{file}: sha256 differs from {MANIFEST_NAME} (the file is corrupt or was changed)")
     return True
+
+
+def verify_files(directory: str | os.PathLike, names: Iterable[str], verify: bool | None = None,
+                 lmforge_written: bool = False) -> bool:
+    """Check only ``names`` against ``directory``'s manifest (a tokenizer read from a model or run folder).
+
+    Each must be listed, with its size and sha256. Without a manifest: False, unless ``lmforge_written``
+    (the file carries lmforge's format marker, so a manifest was written beside it and is now missing), which
+    is an ``LmforgeError`` saying how to proceed.
+    """
+    if not (VERIFY["default"] if verify is None else verify):
+        return False
+    folder = Path(directory)
+    if not (folder / MANIFEST_NAME).is_file():
+        if lmforge_written:
+            raise missing_manifest(folder)
+        return False
+    entries = read_manifest(folder)
+    for name in names:
+        file = folder / name
+        entry = entries.get(name)
+        if entry is None:
+            raise LmforgeError(f"{file}: not listed in {MANIFEST_NAME} (written after it, or the manifest was "
+                               "edited); cannot vouch for it")
+        if file.stat().st_size != entry.get("bytes") or sha256_file(file) != entry.get("sha256"):
+            raise LmforgeError(f"{file}: differs from {MANIFEST_NAME} (the file is corrupt or was changed)")
+    return True
+
+
+def missing_manifest(folder: Path) -> LmforgeError:
+    return LmforgeError(f"{folder}: lmforge wrote this but its {MANIFEST_NAME} is missing, so nothing in it can be "
+                        "vouched for; restore it, or read it unverified (--no-verify, verify=False)")
 
 
 def set_verify(enabled: bool) -> None:

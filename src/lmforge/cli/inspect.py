@@ -135,12 +135,15 @@ def run_embed(args: argparse.Namespace) -> int:
         return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    from lmforge.files import atomic_path, write_text_atomic
+
     if out.suffix == ".npy":
-        np.save(out, vectors)
+        with atomic_path(out) as tmp, open(tmp, "wb") as f:  # atomic: np.save would add .npy to a bare name
+            np.save(f, vectors)
     elif out.suffix in (".jsonl", ".json"):
-        with out.open("w", encoding="utf-8") as f:
-            for text, v in zip(texts, vectors, strict=True):
-                f.write(json.dumps({"text": text, "embedding": [float(x) for x in v]}, ensure_ascii=False) + "\n")
+        write_text_atomic(out, "".join(json.dumps({"text": text, "embedding": [float(x) for x in v]},
+                                                  ensure_ascii=False) + "\n"
+                                       for text, v in zip(texts, vectors, strict=True)))
     else:
         raise LmforgeError(f"--out: {out} must end in .npy or .jsonl")
     where = "mix" if opts.mix else ("last" if opts.layer is None else opts.layer)

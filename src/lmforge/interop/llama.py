@@ -121,8 +121,9 @@ def llama_config_from_decoder(c: DecoderConfig) -> dict[str, Any]:
     llama = {"norm": "rmsnorm", "positions": "rotary", "activation": "swiglu", "qk_norm": False, "logit_softcap": None}
     changed = [f"{k}={getattr(c, k)}" for k, v in llama.items() if getattr(c, k) != v]
     if changed:  # LlamaForCausalLM has no place for them: refuse rather than write a model that computes otherwise
-        raise LmforgeError(f"cannot export to Hugging Face Llama: this Decoder uses {', '.join(changed)}; "
-                           f"Llama needs norm=rmsnorm, positions=rotary, activation=swiglu, no QK-norm, no soft-cap")
+        raise LmforgeError(f"cannot export to Hugging Face: this Decoder uses {', '.join(changed)}, so it is neither "
+                           "GPT-2 (layernorm, learned positions, gelu) nor Llama (norm=rmsnorm, positions=rotary, "
+                           "activation=swiglu, no QK-norm, no soft-cap)")
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
         "hidden_size": c.d_model, "intermediate_size": c.d_ff, "num_hidden_layers": c.n_layers,

@@ -70,7 +70,9 @@ class ConfigMixin:
         """Write ``directory/config.json`` atomically (temporary file, then rename); return its path."""
         path = Path(directory) / "config.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**self.to_dict(), **(extra or {})}
+        from lmforge.manifest import VERSION
+
+        data = {**self.to_dict(), "lmforge_version": VERSION, **(extra or {})}  # the marker: a manifest follows
         write_text_atomic(path, json.dumps(data, indent=2) + "\n")
         return path
 

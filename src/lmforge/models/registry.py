@@ -33,6 +33,7 @@ from lmforge.models.encoder import (
 )
 from lmforge.models.rnn_seq2seq import RNNSeq2Seq
 from lmforge.models.seq2seq import Seq2Seq
+from lmforge.tokenizers.base import TOKENIZER_OUTPUTS  # the files of a tokenizer in a model directory
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     # Transformers
@@ -64,7 +65,6 @@ DEFAULT_ARCHITECTURE = {  # config kind -> the base model built when no architec
     "dual-encoder": "DualEncoder",
 }
 WEIGHTS_NAME = "model.safetensors"
-TOKENIZER_OUTPUTS = ("tokenizer.json", "tokenizer.vocab", "vocab.txt")  # files of a tokenizer in a model directory
 
 
 def build_model(config: Config, architecture: str | None = None, num_labels: int | None = None) -> nn.Module:

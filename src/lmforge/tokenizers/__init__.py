@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
+from lmforge.manifest import verify_files
 from lmforge.tokenizers.base import FORMAT, Encoding, Tokenizer
 from lmforge.tokenizers.bpe import BPETokenizer
 from lmforge.tokenizers.byte_bpe import ByteLevelBPETokenizer
@@ -27,21 +28,24 @@ __all__ = ["KINDS", "BPETokenizer", "ByteLevelBPETokenizer", "Encoding", "Tokeni
            "from_huggingface", "load_tokenizer", "save_huggingface", "to_huggingface"]
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_tokenizer(path: str | Path, verify: bool | None = None, manifest_required: bool = False) -> Tokenizer:
     """Load a tokenizer from a directory or file, in our JSON, Hugging Face's, or a BERT ``vocab.txt``.
 
     A directory is searched for ``tokenizer.json``, then ``vocab.txt``. Every problem (missing
-    file, invalid JSON, unknown format) is a one-line ``LmforgeError`` naming the file.
+    file, invalid JSON, unknown format) is a one-line ``LmforgeError`` naming the file. The file is checked
+    against its folder's ``checksums.json`` when there is one (``verify=False`` skips it), and a folder without
+    one is refused when ``manifest_required`` (a run's tokenizer, which lmforge always saves with one).
     """
     path = Path(path)
     if path.is_dir():
         for name in ("tokenizer.json", "vocab.txt"):
             if (path / name).is_file():
-                return load_tokenizer(path / name)
+                return load_tokenizer(path / name, verify, manifest_required)
         raise LmforgeError(f"{path}: no tokenizer.json or vocab.txt in this directory")
     if not path.is_file():
         raise LmforgeError(f"{path}: no such tokenizer file or directory")
     if path.suffix == ".txt":
+        verify_files(path.parent, [path.name], verify, lmforge_written=manifest_required)
         return WordPieceTokenizer.from_vocab_file(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -53,6 +57,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise LmforgeError(f"{path}: cannot read ({err.strerror or err})") from None
     if not isinstance(data, dict):
         raise LmforgeError(f"{path}: not a tokenizer (expected a JSON object)")
+    verify_files(path.parent, [path.name], verify, lmforge_written=manifest_required)  # the one read path
     if data.get("format") == FORMAT:
         tok = Tokenizer.from_dict(data, str(path))
     elif "model" in data:

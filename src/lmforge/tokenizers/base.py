@@ -38,6 +38,8 @@ ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
 
 WordPieces = tuple[tuple[int, ...], tuple[str, ...], tuple[tuple[int, int], ...]]
 
+TOKENIZER_OUTPUTS = ("tokenizer.json", "tokenizer.vocab", "vocab.txt")  # what save() may write into a folder
+
 
 class Tokenizer:
     """Base class: vocabulary, special tokens, templates, encode/decode, save/load.
@@ -411,13 +413,25 @@ class Tokenizer:
                 for i, t in enumerate(self.id_to_token)]
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``tokenizer.json`` (loadable) and ``tokenizer.vocab`` (readable) into ``directory``."""
+        """Write ``tokenizer.json`` (loadable) and ``tokenizer.vocab`` (readable) into ``directory``, each
+        atomically, and record them in its ``checksums.json`` (a reader verifies them)."""
+        return self.save_files(directory, {
+            "tokenizer.json": json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n",
+            "tokenizer.vocab": "\n".join(self.readable_vocab()) + "\n"})
+
+    @staticmethod
+    def save_files(directory: str | Path, files: dict[str, str]) -> Path:
+        """Write ``files`` (name -> text) atomically into ``directory``, then list them in its manifest (a
+        new one, or the folder's existing one: a model directory's). Returns the path of the first file."""
+        from lmforge.files import write_text_atomic
+        from lmforge.manifest import write_manifest
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "tokenizer.json"
-        path.write_text(json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-        (directory / "tokenizer.vocab").write_text("\n".join(self.readable_vocab()) + "\n", encoding="utf-8")
-        return path
+        for name, text in files.items():
+            write_text_atomic(directory / name, text)
+        write_manifest(directory, list(files))
+        return directory / next(iter(files))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, special={list(self.special_tokens)})"

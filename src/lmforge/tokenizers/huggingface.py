@@ -240,7 +240,5 @@ def _suffix_form(tok: BPETokenizer) -> dict[str, Any]:
 
 def save_huggingface(tok: Tokenizer, directory: str | Path) -> Path:
     """Write ``tok`` as a Hugging Face ``tokenizer.json`` in ``directory``."""
-    path = Path(directory) / "tokenizer.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_huggingface(tok), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    return path
+    return Tokenizer.save_files(directory, {"tokenizer.json": json.dumps(to_huggingface(tok), ensure_ascii=False,
+                                                                         indent=1) + "\n"})

@@ -163,5 +163,5 @@ class WordPieceTokenizer(Tokenizer):
     def save(self, directory: str | Path) -> Path:
         """Also writes a BERT ``vocab.txt`` (the readable file, loadable by any BERT tokenizer)."""
         path = super().save(directory)
-        (Path(directory) / "vocab.txt").write_text("\n".join(self.id_to_token) + "\n", encoding="utf-8")
+        self.save_files(directory, {"vocab.txt": "\n".join(self.id_to_token) + "\n"})
         return path

@@ -224,12 +224,13 @@ def save_checkpoint(
     try:
         save_file(dedupe_tied(weights), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         torch.save(optimizer_state, tmp / "optimizer.pt")
+        # atomic: everything here goes into a temporary folder that is renamed into place as a whole
         (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}) + "\n", encoding="utf-8")
         if model_config is not None:
             card = dict(model_config)
             if card.get("tokenizer"):
                 card["tokenizer"] = os.path.relpath(Path(card["tokenizer"]).resolve(), final.resolve())
-            (tmp / "config.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+            (tmp / "config.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")  # atomic: ditto
         write_manifest(tmp)
     except (OSError, RuntimeError, SafetensorError) as err:  # torch.save reports a full disk as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
@@ -287,7 +288,7 @@ def verify_checkpoint(path: Path) -> None:
     for name in CHECKPOINT_FILES:
         if not (path / name).is_file():
             raise LmforgeError(f"{path / name}: missing (an incomplete checkpoint)")
-    verify_manifest(path, required=CHECKPOINT_FILES)
+    verify_manifest(path, required=CHECKPOINT_FILES, lmforge_written=True)  # lmforge always writes one here
     try:
         with safe_open(str(path / "model.safetensors"), framework="pt"):
             pass
@@ -300,7 +301,8 @@ def latest_checkpoint(run_dir: Path, clean: bool = False, verify: bool = False) 
     """The checkpoint ``latest`` names (or, if that file is gone, the newest complete one); None if none.
 
     clean: also delete what an interrupted save left (``.tmp-*`` / ``.old-*`` directories).
-    verify: take the newest checkpoint that passes ``verify_checkpoint``, saying which were skipped and why.
+    verify: take the newest checkpoint that passes ``verify_checkpoint``, saying which were skipped and why;
+    when checkpoints exist and none passes, an ``LmforgeError`` (not a silent start from step 0).
     """
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
@@ -313,7 +315,7 @@ def latest_checkpoint(run_dir: Path, clean: bool = False, verify: bool = False) 
     if pointer.is_file():
         candidates.append(root / pointer.read_text(encoding="utf-8").strip())
     candidates += sorted((p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir()), reverse=True)
-    seen = set()
+    seen, skipped = set(), []
     for path in candidates:
         if path in seen:
             continue
@@ -326,8 +328,12 @@ def latest_checkpoint(run_dir: Path, clean: bool = False, verify: bool = False) 
             verify_checkpoint(path)
         except LmforgeError as err:
             info(f"skipping checkpoint {path.name}: {err}")
+            skipped.append(path.name)
             continue
         return read_checkpoint(path)
+    if skipped:  # starting over would replace the run's log and its work: the user decides
+        raise LmforgeError(f"{root}: none of its {len(skipped)} checkpoints verifies (see above), so the run cannot "
+                           "resume; move the folder away to start over, or resume unverified with --no-verify")
     return None
 
 

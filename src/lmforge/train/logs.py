@@ -50,7 +50,7 @@ class RunLog:
         if not self.enabled:
             return record
         self.events.append(record)
-        with self.path.open("a", encoding="utf-8") as f:
+        with self.path.open("a", encoding="utf-8") as f:  # append-only: one whole line per record
             f.write(json.dumps(record) + "\n")
         if self.tb is not None:
             for k, v in record.items():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from lmforge.errors import LmforgeError
+from lmforge.files import write_text_atomic
 from lmforge.viz.explorer_page import PAGE, SCRIPT, STYLE
 from lmforge.viz.views import AttentionMaps
 
@@ -94,7 +95,7 @@ def write_attention_page(maps: AttentionMaps, path: str | Path, model_name: str 
     text = attention_page(maps, model_name, view, layer, head)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    write_text_atomic(path, text)
     if len(text) > LARGE_PAGE:
         print(f"lmforge: {path} is {len(text) / 1e6:.0f} MB; shorter text keeps it light", file=sys.stderr)
     return path

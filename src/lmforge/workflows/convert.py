@@ -22,6 +22,12 @@ def convert(source: Path, to: str, out: Path, options: ConvertOptions, overwrite
     from lmforge.outputs import RECORD_NAME, claim_output, record_output
 
     identity = {"source": str(source.resolve()), "to": to}
+    if source.is_dir():  # verified before it is read: a directory lmforge.load refuses does not convert either
+        from lmforge.interop.directories import verify_directory
+        from lmforge.train.logs import info
+
+        if not verify_directory(source):
+            info(f"{source}: no checksums.json; its files are checked only as their formats allow")
     if to == "gguf":
         if out.suffix != ".gguf":
             raise LmforgeError(f"--out: {out} must end in .gguf for --to-gguf")

@@ -59,7 +59,7 @@ def run_examples(out: Path) -> None:
         print("  (examples/ is not beside this installation: skipped)", file=sys.stderr)
         return
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "examples.log").open("w") as log:
+    with (out / "examples.log").open("w") as log:  # append-only: a log written as the examples run
         for name in EXAMPLES:
             start = time.perf_counter()
             buffer = io.StringIO()

@@ -35,7 +35,7 @@ from lmforge.data import sources
 from lmforge.data.collate import CausalLMSource, MaskedLMSource, Seq2SeqSource, SpecialIds
 from lmforge.data.corpus import MANIFEST, TokenShard, prepare_corpus, tokenizer_fingerprint
 from lmforge.errors import LmforgeError
-from lmforge.files import read_text_utf8
+from lmforge.files import read_text_utf8, write_text_atomic
 from lmforge.lock import RunLock
 from lmforge.outputs import claim_output
 from lmforge.schema import plain
@@ -68,8 +68,8 @@ def get_tokenizer(section: TokenizerSection, files: list[Path], out: Path, objec
     from lmforge.tokenizers.train import read_corpus
 
     saved = out / "tokenizer"
-    if (saved / "tokenizer.json").is_file():
-        return load_tokenizer(saved)
+    if (saved / "tokenizer.json").is_file():  # a resumed run's: saved with its manifest, verified
+        return load_tokenizer(saved, manifest_required=True)
     if section.path is not None:
         tokenizer = load_tokenizer(section.path)
     elif not files:
@@ -142,7 +142,7 @@ def get_pair_corpora(data: DataSection, files: list[Path], tokenizer, out: Path)
     for side, root in enumerate(roots):
         root.mkdir(parents=True, exist_ok=True)
         text = root / "lines.txt"
-        text.write_text("\n".join(pair[side] for pair in pairs) + "\n", encoding="utf-8")
+        write_text_atomic(text, "\n".join(pair[side] for pair in pairs) + "\n")
         prepare_corpus([text], tokenizer, root, data.val_fraction, workers=data.workers, line_breaks=False)
     return roots
 
