@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -656,3 +657,61 @@ def test_a_runs_tokenizer_without_its_manifest_is_refused_on_load_and_resume(tmp
     recipe["train"]["save_every"] = 2
     with pytest.raises(LmforgeError, match=r"tokenizer: lmforge wrote this but its checksums\.json is missing"):
         pretrain(recipe, run)
+
+
+def test_an_adapter_records_the_base_it_was_trained_on_not_a_later_one(tmp_path, encoder_dir, labeled, monkeypatch,
+                                                                       capsys):
+    """A base rewritten while LoRA trains (a running pretrain saving over it): the adapter keeps the sha256 of
+    the weights it loaded, so it refuses the new base instead of pairing with weights it never saw."""
+    import shutil
+
+    from lmforge.files import sha256_file
+    from lmforge.workflows import finetune as ft
+
+    base = tmp_path / "base"
+    shutil.copytree(encoder_dir, base)
+    trained_on = sha256_file(base / "model.safetensors")
+    real_fit = ft.fit
+
+    def fit_then_rewrite_the_base(*args, **kwargs):
+        result = real_fit(*args, **kwargs)
+        model, tok = lmforge.load(base)
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        from lmforge.models import save_pretrained
+
+        save_pretrained(model, base, tok)
+        return result
+
+    monkeypatch.setattr(ft, "fit", fit_then_rewrite_the_base)
+    assert main(list(finetune_args(base, labeled, tmp_path / "lora", "lora"))) == 0
+    record = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    assert record["base_model_sha256"] == trained_on != sha256_file(base / "model.safetensors")
+    with pytest.raises(LmforgeError, match="sha256 differs"):
+        lmforge.load(tmp_path / "lora")
+
+
+def test_shards_edited_after_preparation_are_refused(tmp_path, corpus):
+    """Prepared shards carry their content's sha256: an in-vocabulary edit (trained on silently before) is
+    refused by name, and an id outside the vocabulary too even unverified (an IndexError before)."""
+    from lmforge.data.corpus import TokenShard, prepare_corpus
+    from lmforge.tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer.train([corpus.read_text()], 280, 1)
+    prepare_corpus([corpus], tok, tmp_path / "shards", workers=1, progress=False)
+    shard = TokenShard.open(tmp_path / "shards", "train", tok)
+    tokens = np.fromfile(tmp_path / "shards" / "train.tokens", dtype=shard.tokens.dtype)
+    tokens[5] = (int(tokens[5]) + 1) % tok.vocab_size  # still a valid id
+    tokens.tofile(tmp_path / "shards" / "train.tokens")
+    with pytest.raises(LmforgeError, match=r"train\.tokens: differs from checksums\.json"):
+        TokenShard.open(tmp_path / "shards", "train", tok)
+    tokens[5] = tok.vocab_size + 7
+    tokens.tofile(tmp_path / "shards" / "train.tokens")
+    from lmforge.manifest import set_verify
+
+    set_verify(False)
+    try:
+        with pytest.raises(LmforgeError, match=r"outside the vocabulary"):
+            TokenShard.open(tmp_path / "shards", "train", tok)
+    finally:
+        set_verify(True)

@@ -38,10 +38,12 @@ from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path, write_bytes_atomic
+from lmforge.manifest import verify_files, write_manifest
 from lmforge.tokenizers.train import PIECE_CHARS, bounded_pieces
 from lmforge.workers import pool
 
 MANIFEST = "manifest.json"
+SHARD_FILES = (".tokens", ".lines.npy", ".docs.npy")  # per split
 # How to go past invalid UTF-8, for every command that reads text (pretrain reads data.errors from its recipe).
 REPLACE_HINT = "fix the file, or replace bad bytes by U+FFFD: --errors replace, or data.errors=replace in a recipe"
 
@@ -281,6 +283,7 @@ def prepare_corpus(
         "splits": write_splits(splits, out, dtype),
     }
     write_bytes_atomic(out / MANIFEST, json.dumps(manifest, indent=2).encode())
+    write_manifest(out, [MANIFEST, *(f"{s}{ext}" for s in manifest["splits"] for ext in SHARD_FILES)])  # content
     return manifest
 
 
@@ -394,6 +397,8 @@ class TokenShard:
             raise LmforgeError(f"{manifest_path}: corrupt manifest ({err})") from None
         if tokenizer is not None and manifest.get("tokenizer_hash") != tokenizer_fingerprint(tokenizer):
             raise LmforgeError(f"{root}: prepared with another tokenizer (hash {manifest.get('tokenizer_hash')})")
+        files = [f"{split}{ext}" for ext in SHARD_FILES if (root / f"{split}{ext}").exists()]
+        verify_files(root, [MANIFEST, *files], lmforge_written=True)  # edited after preparation: refused
         path = root / f"{split}.tokens"
         size = path.stat().st_size // dtype.itemsize if path.exists() else 0
         tokens = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
@@ -401,6 +406,9 @@ class TokenShard:
         docs = np.load(root / f"{split}.docs.npy")
         if lines[-1] != size:
             raise LmforgeError(f"{path}: holds {size} tokens but its line offsets end at {lines[-1]} (corrupt)")
+        if size and int(tokens.max()) >= int(manifest.get("vocab_size", 0) or 2**32):
+            raise LmforgeError(f"{path}: holds id {int(tokens.max())}, outside the vocabulary of "
+                               f"{manifest['vocab_size']} it was prepared with (corrupt)")
         return cls(tokens, lines, docs, manifest)
 
     @property

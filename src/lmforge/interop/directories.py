@@ -174,9 +174,15 @@ def save_finetuned(model: nn.Module, tokenizer, out: Path, info: dict[str, Any],
     if not merge and (info["strategy"] in ("lora", "adapter") or info["mix"]):
         save_weights(trainable_state_dict(model), out / ADAPTER_FILE)
         base = Path(info["base_model"])
+        trained_on = info.get("base_model_sha256") or weights_sha256(base)  # what was loaded, not what is there now
+        if weights_sha256(base) != trained_on:
+            from lmforge.train.logs import info as log
+
+            log(f"{base}: its weights changed while this fine-tune ran; the adapter records the ones it was "
+                "trained on, so it loads only beside those")
         meta = {"format": "lmforge-adapter", "version": 2, **info, "base_model": str(info["base_model"]),
                 "base_model_relative": os.path.relpath(base.resolve(), out.resolve()),
-                "base_model_sha256": weights_sha256(base)}
+                "base_model_sha256": trained_on}
         write_text_atomic(out / ADAPTER_CONFIG, json.dumps(meta, indent=1) + "\n")
         tokenizer.save(out)
         write_manifest(out, [ADAPTER_FILE, ADAPTER_CONFIG, *(n for n in TOKENIZER_OUTPUTS if (out / n).is_file())])

@@ -41,7 +41,7 @@ from torch import nn
 from lmforge.data import tasks
 from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
-from lmforge.interop.directories import build_task_model, load_finetuned, save_finetuned
+from lmforge.interop.directories import build_task_model, load_finetuned, save_finetuned, weights_sha256
 from lmforge.lock import RunLock
 from lmforge.models.strategies import StrategySpec, apply_strategy
 from lmforge.outputs import RECORD_NAME, claim_output, record_output
@@ -256,6 +256,7 @@ def _finetune(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     train_ex, eval_ex, names = read_examples(args)
     if args.unlabeled:  # the file is checked before any training
         self_training.read_unlabeled(args.unlabeled, names)
+    base_sha256 = weights_sha256(Path(args.model))  # the weights about to be read: what an adapter records
     model, tok, fitted = fit(args, train_ex, names, out / "run", eval_ex)
     last = args.unlabeled is None
     report: dict[str, Any] = {"model": str(args.model), "task": args.task, "strategy": args.strategy,
@@ -266,7 +267,7 @@ def _finetune(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     max_len = report["max_len"]
     spec = strategy_spec(args)
     info = {"task": args.task, "strategy": args.strategy, "labels": names, "base_model": str(args.model),
-            "max_len": max_len, "mix": args.mix,
+            "base_model_sha256": base_sha256, "max_len": max_len, "mix": args.mix,
             "lora": {"r": spec.lora_r, "alpha": spec.lora_alpha, "dropout": spec.lora_dropout,
                      "targets": list(spec.lora_targets)},
             "adapter": {"size": spec.adapter_size}}

@@ -119,6 +119,9 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     from lmforge.workflows.finetune_eval import BestCheckpoint, LastStepClock, parameter_counts
 
     seed_everything(args.seed)
+    from lmforge.interop.directories import weights_sha256
+
+    base_sha256 = weights_sha256(Path(args.model))  # the weights about to be read: what an adapter records
     model, tok = load_decoder(args.model)
     added = give_chat_format(model, tok)
     template = ChatTemplate(tok.chat_template, {f"{r}_token": tok.roles.get(r) for r in ("bos", "eos")})
@@ -170,6 +173,7 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
               "train_time_s": round(train_s, 2), "tokens_per_s": round(tokens / max(train_s, 1e-9), 1),
               **kept, **parameter_counts(model)}
     info = {"task": "chat", "strategy": args.strategy, "labels": [], "base_model": str(args.model),
+            "base_model_sha256": base_sha256,
             "max_len": max_len, "mix": False,
             "lora": {"r": spec.lora_r, "alpha": spec.lora_alpha, "dropout": spec.lora_dropout,
                      "targets": list(spec.lora_targets)}, "adapter": {"size": spec.adapter_size}}
