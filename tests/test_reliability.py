@@ -715,3 +715,17 @@ def test_shards_edited_after_preparation_are_refused(tmp_path, corpus):
             TokenShard.open(tmp_path / "shards", "train", tok)
     finally:
         set_verify(True)
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_on_load(tmp_path, capsys):
+    from lmforge.models import Decoder, get_preset, save_pretrained
+    from lmforge.tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer.train(["the cat sat on the mat " * 20], 300, 1)
+    save_pretrained(Decoder(get_preset("gpt-tiny", vocab_size=200, max_positions=32)), tmp_path / "m", tok)
+    for argv in (["generate", "--model", str(tmp_path / "m"), "--prompt", "the"],
+                 ["attention", "--model", str(tmp_path / "m"), "--text", "the cat", "--out", str(tmp_path / "a.png")],
+                 ["embed", "--model", str(tmp_path / "m"), "the cat"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{tok.vocab_size} tokens but the model only 200 embedding rows" in err, err

@@ -144,3 +144,17 @@ def test_wordnet_glosses_carry_the_45_supersenses():
     by_text = dict(glosses)
     assert by_text["an entity that has physical existence"] == "noun.Tops"
     assert sum(label == "verb.weather" for _, label in glosses) == 81
+
+
+@pytest.mark.parametrize(("confidence", "none"), [(0.5, False), (1.0, True)])
+def test_each_round_says_how_many_pseudo_labels_it_kept(task, tmp_path, capsys, confidence, none):
+    """One line per round on standard error, with the count per class; a round that keeps none says so."""
+    assert main(["finetune", "--model", str(task / "base"), "--task", "seq-cls", "--train", str(task / "train.csv"),
+                 "--out", str(tmp_path / "o"), "--max-steps", "3", "--no-progress", "--unlabeled",
+                 str(task / "pool.txt"), "--self-train-rounds", "2", "--confidence", str(confidence)]) == 0
+    captured = capsys.readouterr()
+    rounds = json.loads(captured.out)["self_training"]["rounds"]
+    lines = [line for line in captured.err.splitlines() if "self-training round" in line]
+    assert [f"round {r['round']}: kept {r['pseudo_labels']} of" in line
+            for r, line in zip(rounds[1:], lines, strict=True)] == [True, True]
+    assert all(("labeled data alone" in line) == none for line in lines)

@@ -93,7 +93,17 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
         from lmforge.tokenizers import load_tokenizer
 
         tok = load_tokenizer(where, verify, manifest_required=where != folder)  # a run's: always has one
+        check_vocabulary(tok, model, where)
     return model, tok
+
+
+def check_vocabulary(tok: Any, model: nn.Module, where: Path) -> None:
+    """A tokenizer with ids the model has no embedding row for is refused (it would fail, or read garbage,
+    at the first such id); a smaller one is fine (a padded vocabulary)."""
+    rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(rows, int) and tok.vocab_size > rows:
+        raise LmforgeError(f"{where}: the tokenizer has {tok.vocab_size} tokens but the model only {rows} "
+                           "embedding rows: they do not belong together")
 
 
 def load_tokenizer_for(model_dir: str | Path, config: Any, tokenizer_dir: str | Path | None = None):

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +24,21 @@ def encode(task: str, examples, tokenizer, names, max_len: int, label_all: bool 
 
 
 @torch.no_grad()
-def probabilities(model: nn.Module, features, pad_id: int, batch_size: int = 64) -> list[torch.Tensor]:
+def probabilities(model: nn.Module, features, pad_id: int, batch_size: int = 64, progress: str | None = None
+                  ) -> list[torch.Tensor]:
     """softmax of the logits per feature: (C,) for seq-cls, (T_i, C) for token-cls (padding cut off).
 
-    Rows are batched in order of length (little padding) and returned in their original order.
+    Rows are batched in order of length (little padding) and returned in their original order. ``progress``:
+    a bar with this description on standard error.
     """
+    from tqdm import tqdm
+
     model.eval()
     device = next(model.parameters()).device
     order = sorted(range(len(features)), key=lambda i: len(features[i].input_ids))
     out: list[torch.Tensor | None] = [None] * len(features)
-    for start in range(0, len(order), batch_size):
+    for start in tqdm(range(0, len(order), batch_size), desc=progress, unit=" batches", disable=progress is None,
+                      file=sys.stderr):
         rows = order[start: start + batch_size]
         batch = tasks.collate([features[i] for i in rows], pad_id)
         batch.pop("labels", None)

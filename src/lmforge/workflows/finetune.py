@@ -30,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -207,15 +208,21 @@ def self_train(args: FinetuneArgs, model: nn.Module, tok, names: list[str], trai
         start = time.perf_counter()
         max_len = min(args.max_len, model.config.max_positions)
         feats = encode(args.task, unlabeled, tok, names, max_len)
-        probs = torch.stack(probabilities(model, feats, tok.pad_id, args.eval_batch_size))  # (N, C)
+        probs = torch.stack(probabilities(model, feats, tok.pad_id, args.eval_batch_size,
+                                          f"round {r}: labelling" if args.progress else None))  # (N, C)
         chosen = self_training.select_pseudo_labels(probs, counts, args.confidence, args.pseudo_ratio)
+        pseudo = self_training.pseudo_report(unlabeled, chosen, names)
+        kept = ", ".join(f"{n} {k}" for n, k in pseudo["pseudo_per_class"].items()) or "none"
+        print(f"lmforge finetune: self-training round {r}: kept {len(chosen)} of {len(unlabeled)} pseudo-labels at "
+              f"confidence >= {args.confidence} ({kept})" + ("; the round trains on the labeled data alone"
+                                                             if not chosen else ""), file=sys.stderr)
         predict_s = time.perf_counter() - start
         del model
         model, tok, fitted = fit(args, train_ex + self_training.pseudo_examples(unlabeled, chosen, names), names,
                                  out / f"run-{r}", eval_ex)
         png = out / "confusion.png" if r == args.self_train_rounds else None
         report = {**first, **fitted, **score(args, model, tok, names, eval_ex, png)}
-        rounds.append(_round_summary(r, report, self_training.pseudo_report(unlabeled, chosen, names), predict_s))
+        rounds.append(_round_summary(r, report, pseudo, predict_s))
     report["self_training"] = {"unlabeled": str(args.unlabeled), "unlabeled_texts": len(unlabeled),
                                "confidence": args.confidence, "pseudo_ratio": args.pseudo_ratio,
                                "max_pseudo_labels": int(args.pseudo_ratio * len(train_ex)), "rounds": rounds}
