@@ -104,7 +104,7 @@ def test_jsonl_csv_and_blank_line_documents(tmp_path):
 
 def test_bad_input_gives_one_line_errors(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"good text\n\xff\xfe bad")
-    with pytest.raises(LmforgeError, match=r"bad.txt: invalid UTF-8 at byte offset 10"):
+    with pytest.raises(LmforgeError, match=r"bad.txt:2: invalid UTF-8 at byte offset 10"):
         list(iter_documents(tmp_path / "bad.txt"))
     assert next(iter(iter_documents(tmp_path / "bad.txt", errors="replace")))[1].endswith("bad")
     (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')

@@ -511,7 +511,7 @@ def test_invalid_utf8_and_nul_corpora_name_the_file_and_offset(tmp_path):
     tok = ByteLevelBPETokenizer.train(["some text here"], vocab_size=260, min_frequency=1)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"good text\n\xff bad")
-    with pytest.raises(LmforgeError, match=r"bad\.txt: invalid UTF-8 at byte offset 10 .*data\.errors=replace"):
+    with pytest.raises(LmforgeError, match=r"bad\.txt:2: invalid UTF-8 at byte offset 10 .*data\.errors=replace"):
         prepare_corpus([bad], tok, tmp_path / "c", workers=1, progress=False)
     assert prepare_corpus([bad], tok, tmp_path / "c", workers=1, progress=False, errors="replace")["characters"]
     nul = tmp_path / "nul.txt"

@@ -185,7 +185,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     bad.write_bytes(b"good text\nbad \xff byte")
     code, _, err = run_cli(capsys, "train", "--kind", "bpe", "--vocab-size", "50", "--out",
                              str(tmp_path / "t"), str(bad))
-    assert code == 2 and err.strip() == f"lmforge: error: {bad}: invalid UTF-8 at byte offset 14 " \
+    assert code == 2 and err.strip() == f"lmforge: error: {bad}:2: invalid UTF-8 at byte offset 14 " \
         "(fix the file, or replace bad bytes by U+FFFD: --errors replace, or data.errors=replace in a recipe)"
     code, _, err = run_cli(capsys, "train", "--kind", "bpe", "--vocab-size", "50", "--quiet", "--errors", "replace",
                            "--out", str(tmp_path / "t"), str(bad))

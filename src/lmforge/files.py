@@ -63,9 +63,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def read_text_utf8(path: str | os.PathLike, what: str = "file") -> str:
-    """The text of a UTF-8 file (a BOM dropped). A missing file, a directory or invalid UTF-8 is one
-    LmforgeError naming the file, and for bad bytes the line and byte offset (binary files fail here too)."""
+REPLACE_HINT = "fix the file, or replace bad bytes by U+FFFD: --errors replace, or data.errors=replace in a recipe"
+
+
+def read_text_utf8(path: str | os.PathLike, what: str = "file", errors: str = "strict", hint: str | None = None
+                   ) -> str:
+    """The text of a UTF-8 file (a BOM dropped): the one reader of text files. A missing file, a directory,
+    invalid UTF-8 (unless ``errors="replace"``: U+FFFD) or a NUL byte (a binary file) is one LmforgeError
+    naming the file, and for bad bytes the line and byte offset; ``hint`` says how to proceed."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -76,11 +81,14 @@ def read_text_utf8(path: str | os.PathLike, what: str = "file") -> str:
     except OSError as err:
         raise LmforgeError(f"{path}: cannot read ({err.strerror})") from None
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise LmforgeError(f"{path}:{line}: invalid UTF-8 at byte offset {err.start} (a {what} must be UTF-8 "
-                           "text)") from None
+        raise LmforgeError(f"{path}:{line}: invalid UTF-8 at byte offset {err.start} "
+                           f"({hint or f'a {what} must be UTF-8 text'})") from None
+    if "\x00" in text:
+        raise LmforgeError(f"{path}: holds a NUL byte at byte offset {data.index(0)}: a binary file, not text")
+    return text
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

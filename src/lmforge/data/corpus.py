@@ -37,7 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
-from lmforge.files import atomic_path, write_bytes_atomic
+from lmforge.files import REPLACE_HINT, atomic_path, read_text_utf8, write_bytes_atomic
 from lmforge.manifest import verify_files, write_manifest
 from lmforge.tokenizers.train import PIECE_CHARS, bounded_pieces
 from lmforge.workers import pool
@@ -45,22 +45,9 @@ from lmforge.workers import pool
 MANIFEST = "manifest.json"
 SHARD_FILES = (".tokens", ".lines.npy", ".docs.npy")  # per split
 # How to go past invalid UTF-8, for every command that reads text (pretrain reads data.errors from its recipe).
-REPLACE_HINT = "fix the file, or replace bad bytes by U+FFFD: --errors replace, or data.errors=replace in a recipe"
 
 
 # -- reading documents --------------------------------------------------------------------------------------
-def read_text(path: Path, errors: str = "strict") -> str:
-    """A file's text as UTF-8; invalid bytes name the file and the byte offset (or are replaced)."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig", errors=errors)
-    except UnicodeDecodeError as err:
-        raise LmforgeError(f"{path}: invalid UTF-8 at byte offset {err.start} ({REPLACE_HINT})") from None
-    if "\x00" in text:
-        raise LmforgeError(f"{path}: holds a NUL byte at byte offset {data.index(0)}: a binary file, not text")
-    return text
-
-
 def iter_documents(path: Path, doc_separator: str = "file", field: str = "text",
                    errors: str = "strict") -> Iterator[list[str]]:
     """Yield each document of a file as its list of non-empty lines.
@@ -76,7 +63,7 @@ def iter_documents(path: Path, doc_separator: str = "file", field: str = "text",
     suffix = path.suffix.lower()
     if not path.is_file():
         raise LmforgeError(f"{path}: no such file")
-    text = read_text(path, errors)
+    text = read_text_utf8(path, "corpus file", errors, REPLACE_HINT)
     if suffix == ".jsonl":
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():

@@ -64,10 +64,6 @@ def _row(values: dict[str, Any], where: str, label_field: str, need_label: bool)
                    label=None if label is None else str(label).strip())
 
 
-def read_utf8(path: Path) -> str:
-    return read_text_utf8(path, "labeled file")
-
-
 def read_classification(path: str | Path, need_label: bool = True, label_field: str = "label") -> list[Example]:
     """Rows of a CSV / TSV / JSONL file as Examples (see the module docstring for the layouts)."""
     path = Path(path)
@@ -75,7 +71,7 @@ def read_classification(path: str | Path, need_label: bool = True, label_field: 
         raise LmforgeError(f"{path}: no such file")
     if path.suffix in (".jsonl", ".json"):
         out = []
-        for n, line in enumerate(read_utf8(path).splitlines(), 1):
+        for n, line in enumerate(read_text_utf8(path, "labeled file").splitlines(), 1):
             if line.strip():
                 try:
                     obj = json.loads(line)
@@ -86,7 +82,7 @@ def read_classification(path: str | Path, need_label: bool = True, label_field: 
                 out.append(_row(obj, f"{path}:{n}", label_field, need_label))
     else:
         delimiter = "\t" if path.suffix in (".tsv", ".tab") else ","
-        text = io.StringIO(read_utf8(path), newline="")
+        text = io.StringIO(read_text_utf8(path, "labeled file"), newline="")
         rows = [r for r in csv.reader(text, delimiter=delimiter) if any(c.strip() for c in r)]
         if not rows:
             raise LmforgeError(f"{path}: no rows")
@@ -131,7 +127,7 @@ def read_tagged(path: str | Path, need_tags: bool = True) -> list[Example]:
     if path.suffix.lower() in (".csv", ".tsv", ".tab", ".jsonl", ".json"):
         raise LmforgeError(f"{path}: token-cls reads word/TAG lines or CoNLL columns, not {path.suffix} rows "
                            "(CSV / TSV / JSONL files are for --task seq-cls)")
-    lines = read_utf8(path).splitlines()
+    lines = read_text_utf8(path, "labeled file").splitlines()
     first = next((ln.split() for ln in lines if ln.strip()), None)
     if first is None:
         raise LmforgeError(f"{path}: no sentences")

@@ -40,18 +40,9 @@ def read_corpus(files: Sequence[str | Path], errors: str = "strict") -> list[str
 
     ``errors="replace"`` substitutes U+FFFD instead.
     """
-    texts = []
-    for name in files:
-        path = Path(name)
-        try:
-            data = path.read_bytes()
-        except OSError as err:
-            raise LmforgeError(f"{path}: cannot read ({err.strerror or err})") from None
-        try:
-            texts.append(data.decode("utf-8", errors=errors))
-        except UnicodeDecodeError as err:
-            raise LmforgeError(f"{path}: invalid UTF-8 at byte offset {err.start} (fix the file, or replace bad "
-                               "bytes by U+FFFD: --errors replace, or data.errors=replace in a recipe)") from None
+    from lmforge.files import REPLACE_HINT, read_text_utf8
+
+    texts = [read_text_utf8(name, "text file", errors, REPLACE_HINT) for name in files]
     if files and not any(t.strip() for t in texts):
         raise LmforgeError(f"{', '.join(map(str, files))}: no text to learn from (empty corpus)")
     return texts

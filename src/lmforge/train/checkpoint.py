@@ -106,24 +106,6 @@ def alias_names(model: torch.nn.Module) -> set[str]:
     return set(own) - set(dedupe_tied(own))
 
 
-def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
-    """Copy saved weights into ``model``; a missing, extra or misshapen tensor is an LmforgeError."""
-    own = model.state_dict()
-    for name, t in weights.items():
-        if name not in own:
-            raise LmforgeError(f"{where}: tensor {name!r} is not in this model; was it saved by another model?")
-        if tuple(own[name].shape) != tuple(t.shape):
-            raise LmforgeError(
-                f"{where}: {name} has shape {tuple(t.shape)} in the checkpoint but {tuple(own[name].shape)} "
-                "in this model; the model config differs from the run's"
-            )
-    missing, _ = model.load_state_dict(weights, strict=False)
-    tied = alias_names(model)  # names that are aliases of a saved tensor
-    missing = [m for m in missing if m not in tied]
-    if missing:
-        raise LmforgeError(f"{where}: the checkpoint lacks {len(missing)} tensors of this model, e.g. {missing[0]}")
-
-
 def checkpoint_config(model: torch.nn.Module, tokenizer_dir: str | Path | None = None,
                       extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A checkpoint's config.json: the model's config, architecture, tokenizer directory and ``extra``.

@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
 from lmforge.lock import RunLock
+from lmforge.models.registry import load_weights
 from lmforge.schema import Recipe, plain, refuse_changes
 from lmforge.train import distributed as D
 from lmforge.train.batches import BatchSource, Prefetcher
@@ -53,7 +54,6 @@ from lmforge.train.checkpoint import (
     checkpoints_dir,
     hardware,
     latest_checkpoint,
-    load_weights,
     restore_rng,
     save_checkpoint,
     step_name,
@@ -207,7 +207,7 @@ class Trainer:
         cfg, env = self.config, self.env
         ckpt = self._prepare_run_dir()
         if ckpt is not None:
-            load_weights(self.model, ckpt.weights(), ckpt.path / "model.safetensors")
+            load_weights(self.model, ckpt.weights(), str(ckpt.path / "model.safetensors"))  # models/registry.py
         self.model.to(self.device)
         if self.device.type == "cuda":  # TF32 tensor cores for fp32 matmuls (10 mantissa bits, as bf16 has 7)
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -466,13 +466,7 @@ class Trainer:
         return str(ckpt.path) if ckpt else "none (no checkpoint was written yet)"
 
 
-def train(
-    model: nn.Module,
-    source: BatchSource,
-    config: TrainConfig,
-    run_dir: str | Path,
-    callbacks: Sequence[Callback] | None = None,
-    recipe: dict[str, Any] | None = None,
-) -> TrainResult:
-    """``Trainer(...).fit()`` in one call."""
-    return Trainer(model, source, config, run_dir, callbacks=callbacks, recipe=recipe).fit()
+def train(model: nn.Module, source: BatchSource, config: TrainConfig, run_dir: str | Path,
+          **options: Any) -> TrainResult:
+    """``Trainer(model, source, config, run_dir, **options).fit()`` in one call (the same keywords)."""
+    return Trainer(model, source, config, run_dir, **options).fit()
