@@ -21,3 +21,16 @@ def numpy_print_defaults():
     saved = np.get_printoptions()
     yield
     np.set_printoptions(**saved)
+
+
+def assert_picture(path, min_width: int = 200, min_height: int = 150, min_colours: int = 3) -> None:
+    """A PNG that decodes, has a plausible size and shows something (not one flat colour): more than its
+    first eight bytes."""
+    import matplotlib.image
+    import numpy as np
+
+    image = matplotlib.image.imread(str(path))  # (H, W, C)
+    height, width = image.shape[:2]
+    assert width >= min_width and height >= min_height, (path, image.shape)
+    colours = np.unique(image.reshape(-1, image.shape[-1] if image.ndim == 3 else 1), axis=0)
+    assert len(colours) >= min_colours, (path, len(colours))

@@ -199,7 +199,10 @@ def test_cnn_on_real_uncertainty_sentences_beats_chance(tmp_path):
     report = finetune(FinetuneArgs(model=str(minilm), task="seq-cls", train=str(tmp_path / "train.csv"),
                                    eval=str(tmp_path / "test.csv"), arch="cnn", epochs=3, max_len=64,
                                    out=str(tmp_path / "o"), progress=False))
-    assert report["eval"]["n"] == 400 and report["eval"]["accuracy"] > 0.55  # 0.6025 here; chance is 0.5
+    from collections import Counter
+
+    majority = max(Counter(e.label for e in rows[1000:]).values()) / 400  # always answering the commoner class
+    assert report["eval"]["n"] == 400 and report["eval"]["accuracy"] > majority + 0.04  # 0.6025 here; ~1.6 SE
 
 
 def test_docstring_examples():

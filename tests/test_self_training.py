@@ -65,7 +65,7 @@ def test_the_rule_keeps_confident_rows_by_class_quota_under_the_cap():
 
 @pytest.mark.parametrize("strategy, extra", [("full", {}), ("frozen", {"mix": True}), ("lora", {}),
                                              ("adapter", {})])
-def test_rounds_are_reported_for_every_strategy(task, tmp_path, monkeypatch, strategy, extra):
+def test_rounds_are_reported_for_every_strategy(task, tmp_path, monkeypatch, strategy, extra, capsys):
     seen = []
 
     def spy(probs, counts, confidence, ratio):
@@ -81,9 +81,15 @@ def test_rounds_are_reported_for_every_strategy(task, tmp_path, monkeypatch, str
     for (probs, chosen), row in zip(seen, st["rounds"][1:], strict=True):
         assert all(probs[i].max() >= 0.5 and probs[i].argmax() == c for i, c in chosen)  # only above C
         assert row["pseudo_labels"] == len(chosen) == sum(row["pseudo_per_class"].values()) <= 12
-        assert row["train_examples"] == 24 + len(chosen) and 0.0 <= row["eval"]["accuracy"] <= 1.0
-        assert row["pseudo_accuracy"] is None if not chosen else 0.0 <= row["pseudo_accuracy"] <= 1.0
+        assert row["train_examples"] == 24 + len(chosen)
+        truth = read_unlabeled(task / "pool.csv", ["animal", "weather"])  # the pool's true labels, by hand
+        right = sum(truth[i].label == ["animal", "weather"][c] for i, c in chosen)
+        assert row["pseudo_accuracy"] == (pytest.approx(right / len(chosen)) if chosen else None)
     assert report["eval"]["accuracy"] == st["rounds"][-1]["eval"]["accuracy"]
+    from lmforge.cli import main  # the saved last round, scored again from disk: the same accuracy
+    assert main(["evaluate", "--model", str(tmp_path / strategy), "--data", str(task / "dev.csv")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["accuracy"] == pytest.approx(
+        report["eval"]["accuracy"])
     saved = json.loads((tmp_path / strategy / "finetune.json").read_text())
     assert saved["self_training"] == st and (tmp_path / strategy / "confusion.png").is_file()
 

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from conftest import assert_picture
 from lmforge.data import tasks
 from lmforge.errors import LmforgeError
 from lmforge.tokenizers import KINDS
@@ -128,4 +129,4 @@ def test_confusion_png(tmp_path):
     from lmforge.viz.confusion import plot_confusion
 
     path = plot_confusion([[3, 1], [0, 4]], ["no", "yes"], tmp_path / "c.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_picture(path, min_colours=4)  # four cells of different counts, and their labels

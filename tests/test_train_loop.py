@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import assert_picture
 from lmforge.errors import LmforgeError
 from lmforge.train import Callback, TrainConfig, Trainer, count_targets, latest_checkpoint, train
 from train_toy import ToyLM, ToySource
@@ -127,7 +128,7 @@ def test_logs_eval_metrics_and_plot(tmp_path):
     train_event = events(tmp_path, "train")[-1]
     assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s"} <= set(train_event)
     assert train_event["tokens"] == result.tokens == 6 * 4 * 12
-    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_picture(tmp_path / "loss.png")
     assert "max_steps: 6" in (tmp_path / "config.yaml").read_text()
 
 
