@@ -4,10 +4,14 @@ on SmolLM2-135M-Instruct, the same conversations, LoRA rank and attention target
     python bench/sft.py [--conversations 64] [--steps 8] [--batch-size 4] [--threads 2]
 
 Tokens/s counts the real tokens (no padding) each framework pushes through forward + backward + AdamW per
-second, after one warm-up step, with the model already loaded. lmforge runs ``lmforge finetune --task chat``
-itself twice: packed rows (its default: several conversations per row, attention kept inside each) and padded
-rows (one conversation per row, as the others do). The peers get the same token ids and assistant-only labels
-(lmforge's tokenizer is identical to transformers' on this model: tests/test_gguf.py).
+second, after one warm-up step, with the model already loaded, in this process, the same loop for both:
+lmforge's Decoder with its LoRA on padded rows (one conversation per row, as peft gets them) and on packed rows
+(its default: several conversations per row, attention kept inside each); transformers' LlamaForCausalLM with
+peft's LoRA on the padded rows. Both get the same token ids and assistant-only labels (lmforge's tokenizer is
+identical to transformers' on this model: tests/test_gguf.py) and the same float32 weights (the GGUF converted
+once to an lmforge and a Hugging Face folder). trl's SFTTrainer runs on its own pipeline (its own tokenization
+and collation, no packing) and is timed from its step callbacks. Then ``lmforge finetune --task chat`` end to
+end (its trainer: checkpoints, logging) for what a user sees.
 
 LoRA: rank 8, alpha 16, no dropout, on the attention projections: lmforge's fused q/k/v ``in_proj`` and
 ``out_proj``; peft's q_proj, k_proj, v_proj and o_proj (the same matrices, split in four: 0.92M LoRA
@@ -30,11 +34,11 @@ from lmforge.data.chat import encode_conversation, read_conversations
 from lmforge.data.sources import smollm2_path, write_chat_task
 from lmforge.nn.loss import IGNORE_INDEX
 
-R, ALPHA, LR, MAX_LEN = 8, 16, 2e-4, 256
+R, ALPHA, LR, MAX_LEN = 8, 16, 2e-4, 512
 
 
-def lmforge_run(data: Path, out: Path, args, packing: bool) -> dict:
-    cmd = [sys.executable, "-m", "lmforge.cli", "finetune", "--task", "chat", "--model", str(smollm2_path()),
+def lmforge_run(data: Path, out: Path, args, packing: bool, model: Path) -> dict:
+    cmd = [sys.executable, "-m", "lmforge.cli", "finetune", "--task", "chat", "--model", str(model),
            "--train", str(data), "--strategy", "lora", "--lora-r", str(R), "--lora-alpha", str(ALPHA),
            "--lora-dropout", "0", "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--lr", str(LR), "--max-len", str(MAX_LEN), "--out", str(out), "--no-progress", "--threads",
@@ -58,11 +62,13 @@ def batches(encoded, batch_size: int, pad: int):
         yield {"input_ids": ids, "attention_mask": mask, "labels": labels}, int(mask.sum())
 
 
+HF_DIR: Path | None = None  # the Hugging Face folder converted from the GGUF
+
+
 def hf_model():
     from transformers import AutoModelForCausalLM
 
-    path = smollm2_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(HF_DIR, dtype=torch.float32)
 
 
 def peft_run(encoded, args, pad: int) -> dict:
@@ -70,13 +76,37 @@ def peft_run(encoded, args, pad: int) -> dict:
 
     model = get_peft_model(hf_model(), LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,
                                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    return timed_loop(model, list(batches(encoded, args.batch_size, pad)), args.steps)
+
+
+def lmforge_loop(folder: Path, plan: list, steps: int) -> dict:
+    import lmforge
+    from lmforge.models.strategies import StrategySpec, apply_decoder_strategy
+    from lmforge.nn.lora import LORA_TARGETS
+
+    model, _ = lmforge.load(folder)
+    model = apply_decoder_strategy(model, StrategySpec(strategy="lora", lora_r=R, lora_alpha=ALPHA, lora_dropout=0.0,
+                                                       lora_targets=list(LORA_TARGETS)))
+    return timed_loop(model, plan, steps)
+
+
+def packed_batches(encoded, batch_size: int, pad: int):
+    from lmforge.data.chat import collate, pack
+
+    rows = pack(encoded, MAX_LEN)
+    for start in range(0, len(rows), batch_size):
+        batch = collate(rows[start: start + batch_size], pad)
+        yield batch, sum(len(r.ids) for r in rows[start: start + batch_size])
+
+
+def timed_loop(model, plan: list, steps: int) -> dict:
+    """forward + backward + AdamW over ``plan``'s batches, cycling; the first step is the warm-up."""
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-    plan = list(batches(encoded, args.batch_size, pad))
     tokens, start = 0, None
-    for step in range(args.steps + 1):
+    for step in range(steps + 1):
         batch, n = plan[step % len(plan)]
-        loss = model(**batch).loss  # transformers shifts the labels itself
+        loss = model(**batch).loss  # both shift the labels themselves
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -94,8 +124,7 @@ def trl_run(conversations, args) -> dict:
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    path = smollm2_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(HF_DIR)
     config = SFTConfig(output_dir=tempfile.mkdtemp(), max_steps=args.steps + 1, per_device_train_batch_size=
                        args.batch_size, learning_rate=LR, logging_steps=1, report_to=[], save_strategy="no",
                        use_cpu=True, max_length=MAX_LEN, assistant_only_loss=False, dataloader_num_workers=0)
@@ -121,41 +150,61 @@ def trl_run(conversations, args) -> dict:
 
 
 def main() -> None:
+    global HF_DIR
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trl", action="store_true", help="also time trl's SFTTrainer (slow on CPU: see the docs)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="bench-sft-"))
-    paths = write_chat_task("hedges", work)
+    lmforge_cli = [sys.executable, "-m", "lmforge.cli"]
+    subprocess.run([*lmforge_cli, "convert", "--from-gguf", str(smollm2_path()), "--out", str(work / "lmforge"),
+                    "--quiet"], check=True)
+    subprocess.run([*lmforge_cli, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
+                   check=True)
+    HF_DIR = work / "hf"
+    paths = write_chat_task("hedges", work / "data")
     data = work / "bench.jsonl"
     data.write_text("".join(paths[0].read_text().splitlines(keepends=True)[: args.conversations]))
     import lmforge
     from lmforge.tokenizers.chat import ChatTemplate
 
-    _, tok = lmforge.load(smollm2_path())
+    _, tok = lmforge.load(work / "lmforge")
     conversations = read_conversations(data)
     encoded = [encode_conversation(ChatTemplate(tok.chat_template), tok, c, MAX_LEN) for c in conversations]
     pad = tok.pad_id if tok.pad_id is not None else tok.eos_id
-    print(f"SmolLM2-135M-Instruct, LoRA r={R}, {len(conversations)} conversations (hedges), batch "
-          f"{args.batch_size}, {args.steps} timed steps, {args.threads} threads")
+    print(f"SmolLM2-135M-Instruct (float32), LoRA r={R} on attention, {len(conversations)} conversations (hedges), "
+          f"batch {args.batch_size}, {args.steps} timed steps, {args.threads} threads")
     rows = {}
-    for name, packing in (("lmforge packed", True), ("lmforge padded", False)):
-        report = lmforge_run(data, work / name.replace(" ", "-"), args, packing)
-        rows[name] = {"tokens_per_s": report["tokens_per_s"], "seconds": report["train_time_s"]}
-        print(f"{name:18} {rows[name]['tokens_per_s']:8.1f} tokens/s", flush=True)
+
+    def show(name: str) -> None:
+        print(f"{name:28} {rows[name]['tokens_per_s']:8.1f} tokens/s", flush=True)
+
+    rows["lmforge, padded rows"] = lmforge_loop(work / "lmforge", list(batches(encoded, args.batch_size, pad)),
+                                                args.steps)
+    show("lmforge, padded rows")
+    rows["lmforge, packed rows"] = lmforge_loop(work / "lmforge", list(packed_batches(encoded, args.batch_size, pad)),
+                                                args.steps)
+    show("lmforge, packed rows")
     rows["transformers+peft"] = peft_run(encoded, args, pad)
-    print(f"{'transformers+peft':18} {rows['transformers+peft']['tokens_per_s']:8.1f} tokens/s", flush=True)
+    show("transformers+peft")
     try:
-        rows["trl SFTTrainer"] = trl_run(conversations, args)
-        print(f"{'trl SFTTrainer':18} {rows['trl SFTTrainer']['tokens_per_s']:8.1f} tokens/s", flush=True)
-    except Exception as err:
+        if args.trl:
+            rows["trl SFTTrainer"] = trl_run(conversations, args)
+            show("trl SFTTrainer")
+    except Exception as err:  # the peer is optional: say why it is missing
         print(f"trl SFTTrainer: not run ({type(err).__name__}: {str(err)[:200]})")
+    report = lmforge_run(data, work / "cli", args, True, work / "lmforge")
+    rows["lmforge finetune (CLI, packed)"] = {"tokens_per_s": report["tokens_per_s"],
+                                              "seconds": report["train_time_s"]}
+    show("lmforge finetune (CLI, packed)")
     peer = rows["transformers+peft"]["tokens_per_s"]
-    for name in ("lmforge packed", "lmforge padded"):
-        print(f"{name} / transformers+peft: {rows[name]['tokens_per_s'] / peer:.2f}x")
+    for name in rows:
+        if name != "transformers+peft":
+            print(f"{name} / transformers+peft: {rows[name]['tokens_per_s'] / peer:.2f}x")
     print(json.dumps(rows))
 
 

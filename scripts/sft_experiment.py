@@ -89,7 +89,7 @@ def main() -> None:
                 began = time.perf_counter()
                 lmforge("finetune", "--task", "chat", "--model", start, "--train", str(train), "--eval", str(dev),
                         "--strategy", "lora", "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                        "--lr", str(args.lr), "--max-len", "256", "--eval-every", "0", "--out", str(tuned),
+                        "--lr", str(args.lr), "--max-len", "512", "--eval-every", "0", "--out", str(tuned),
                         "--no-progress")
                 print(f"{task} {arm}: tuned in {time.perf_counter() - began:.0f} s", flush=True)
             report = json.loads((tuned / "finetune.json").read_text())

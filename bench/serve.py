@@ -1,0 +1,191 @@
+"""``lmforge serve`` vs ``transformers serve`` (with and without continuous batching), same model, same machine,
+one run; then a soak of ``lmforge serve``.
+
+    .venv/bin/python bench/serve.py                         # SmolLM2-135M-Instruct, 1 / 4 / 16 clients
+    .venv/bin/python bench/serve.py --skip-transformers --soak 2000
+
+Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
+the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
+questions, greedy, up to ``--new`` tokens, streamed so that the time to first token is seen). Printed per server
+and concurrency: aggregate completion tokens/s (from the ``usage`` the server reports), p50 / p99 time to first
+token and to the last token, errors. transformers serves the same model converted to a Hugging Face folder
+(``lmforge convert --to-hf``): the same weights, the same chat template, the same greedy tokens.
+
+The soak sends ``--soak`` requests (random lengths; one in four abandoned after its first token) and reads the
+server's resident memory after the first 10% and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = ["What is the capital of France?", "Name three primary colours.", "How many days are in a week?",
+             "Write one sentence about the sea.", "What is two plus two?", "Say hello in Spanish.",
+             "What do bees make?", "Name a planet of the solar system."]
+
+
+def start(command: list[str], port: int, threads: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
+                return proc
+        except requests.RequestException:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"{command[0]} exited ({proc.returncode}); see {log}")
+        time.sleep(1)
+    proc.kill()
+    raise SystemExit(f"{' '.join(command[:3])} did not answer within 10 minutes; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def one(client, model: str, question: str, new: int) -> dict:
+    """A streamed chat completion: (time to first token, total seconds, completion tokens) or the error."""
+    start = time.perf_counter()
+    first, tokens = None, 0
+    try:
+        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
+                                                temperature=0, max_tokens=new, stream=True,
+                                                stream_options={"include_usage": True})
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - start
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+    except Exception as err:  # counted, not raised: a benchmark reports errors
+        return {"error": f"{type(err).__name__}: {err}"}
+    return {"ttft": first if first is not None else time.perf_counter() - start,
+            "total": time.perf_counter() - start, "tokens": tokens}
+
+
+def load(port: int, model: str, clients: int, per_client: int, new: int) -> dict:
+    import openai
+
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
+        for i in range(per_client):
+            r = one(client, model, QUESTIONS[(k + i) % len(QUESTIONS)], new)
+            with lock:
+                results.append(r)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ok = [r for r in results if "error" not in r]
+
+    def pct(values: list[float], q: float) -> float:
+        return round(statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0], 3)
+
+    return {"clients": clients, "requests": len(results), "errors": len(results) - len(ok),
+            "tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 1),
+            "ttft_p50_s": pct([r["ttft"] for r in ok], 50), "ttft_p99_s": pct([r["ttft"] for r in ok], 99),
+            "total_p50_s": pct([r["total"] for r in ok], 50), "total_p99_s": pct([r["total"] for r in ok], 99),
+            "first_error": next((r["error"] for r in results if "error" in r), None)}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def soak(port: int, proc: subprocess.Popen, n: int) -> dict:
+    """n requests, random lengths, one in four abandoned mid-stream; resident memory after 10% and at the end."""
+    rng = random.Random(0)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    before = None
+    errors = 0
+    for i in range(n):
+        body = {"messages": [{"role": "user", "content": rng.choice(QUESTIONS)}], "temperature": 0,
+                "max_tokens": rng.randint(1, 12), "stream": True}
+        with requests.post(url, json=body, stream=True, timeout=300) as r:
+            errors += r.status_code != 200
+            for k, _ in enumerate(r.iter_lines()):
+                if rng.random() < 0.25 and k >= 1:
+                    break  # hang up
+        if i == n // 10:
+            time.sleep(1)
+            before = rss_mb(proc.pid)
+    time.sleep(2)
+    after = rss_mb(proc.pid)
+    health = requests.get(f"http://127.0.0.1:{port}/health", timeout=30).json()
+    return {"requests": n, "errors": errors, "rss_after_warmup_mb": round(before, 1), "rss_end_mb": round(after, 1),
+            "growth_percent": round(100 * (after - before) / before, 2), "slots_in_use_at_end": health["slots_in_use"],
+            "waiting_at_end": health["waiting"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--requests", type=int, default=1, help="requests per client")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--soak", type=int, default=0, help="requests of the soak run (0: none)")
+    p.add_argument("--port", type=int, default=8710)
+    args = p.parse_args()
+    from lmforge.data.sources import smollm2_path
+
+    gguf = smollm2_path()
+    work = Path(tempfile.mkdtemp(prefix="lmforge-serve-bench-"))
+    lmforge = [sys.executable, "-m", "lmforge.cli"]
+    subprocess.run([*lmforge, "convert", "--from-gguf", str(gguf), "--out", str(work / "lmforge"), "--quiet"],
+                   check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    subprocess.run([*lmforge, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
+                   check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    servers = [("lmforge serve", [*lmforge, "serve", "--model", str(work / "lmforge"), "--slots", "16",
+                                  "--threads", str(args.threads), "--port", str(args.port)])]
+    if not args.skip_transformers:
+        hf = str(Path(sys.executable).parent / "transformers")
+        for cb in ("--no-continuous-batching", "--continuous-batching"):
+            servers.append((f"transformers serve {cb}", [hf, "serve", str(work / "hf"), cb, "--device", "cpu",
+                                                         "--dtype", "float32", "--port", str(args.port)]))
+    for name, command in servers:
+        proc = start(command, args.port, args.threads, work / f"{name.split()[0]}.log")
+        model = requests.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["id"]
+        try:
+            load(args.port, model, 1, 1, 4)  # warm-up
+            for clients in args.clients:
+                row = {"bench": "serve", "server": name, "threads": args.threads, "new_tokens": args.new,
+                       **load(args.port, model, clients, args.requests, args.new)}
+                print(json.dumps(row), flush=True)
+            if args.soak and name == "lmforge serve":
+                print(json.dumps({"bench": "serve-soak", **soak(args.port, proc, args.soak)}), flush=True)
+        finally:
+            stop(proc)
+
+
+if __name__ == "__main__":
+    main()
