@@ -1,0 +1,93 @@
+"""The chat page of ``lmforge serve`` in a real headless browser (Debian's chromium, driven by selenium): a
+question typed into the page streams its answer token by token, and the answer is the API's greedy one.
+
+Skipped with the reason when the serve extra, selenium or chromium is missing, unless
+``LMFORGE_REQUIRE_BROWSER=1`` (CI), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+REQUIRED = os.environ.get("LMFORGE_REQUIRE_BROWSER") == "1"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def _missing(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"LMFORGE_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+try:
+    import fastapi  # noqa: F401
+    import openai
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+except ImportError as err:
+    _missing(f"{err.name} is not installed (pip install -e '.[dev,serve]')")
+if not (CHROMIUM and CHROMEDRIVER):
+    _missing("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
+
+from serve_helpers import chat_model, live_server  # noqa: E402
+
+# Records every text the answer bubble shows, as it changes (a MutationObserver on the conversation).
+WATCH = """
+window.seen = [];
+new MutationObserver(() => {
+  const bubbles = document.querySelectorAll('#messages .message.assistant');
+  if (bubbles.length) window.seen.push(bubbles[bubbles.length - 1].textContent);
+}).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, single_thread):
+    with live_server(chat_model(tmp_path_factory.mktemp("browser") / "chat-model")) as (url, service):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    profile = tempfile.mkdtemp(prefix="lmforge-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+                 "--disable-background-networking", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(20)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_a_question_typed_in_the_page_streams_the_apis_greedy_answer(server, browser):
+    question, tokens = "what is the capital of france?", 24
+    api = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=60)
+    expected = api.chat.completions.create(model="m", messages=[{"role": "user", "content": question}],
+                                           temperature=0, max_tokens=tokens).choices[0].message.content
+    browser.get(server + "/")
+    assert "chat-model" in browser.find_element(By.ID, "model").text  # the model's name (and context) shown
+    browser.execute_script(WATCH)
+    limit = browser.find_element(By.ID, "max_tokens")
+    limit.clear()
+    limit.send_keys(str(tokens))
+    browser.find_element(By.ID, "prompt").send_keys(question, Keys.ENTER)
+    deadline = time.monotonic() + 60
+    while browser.find_element(By.ID, "status").text not in ("done", "error") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert browser.find_element(By.ID, "status").text == "done"
+    answer = browser.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")[-1].text
+    assert answer == expected.strip() and expected.strip()
+    partial = [t for t in dict.fromkeys(browser.execute_script("return window.seen")) if t]
+    assert len(partial) >= 3 and all(expected.startswith(t) for t in partial)  # it grew, token by token
+    assert browser.find_element(By.ID, "attention").is_enabled()  # the last answer can be inspected
