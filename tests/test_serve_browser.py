@@ -51,7 +51,7 @@ new MutationObserver(() => {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, single_thread):
-    with live_server(chat_model(tmp_path_factory.mktemp("browser") / "chat-model")) as (url, service):
+    with live_server(chat_model(tmp_path_factory.mktemp("browser") / "chat-model")) as (url, _service):
         yield url
 
 
