@@ -202,3 +202,15 @@ def test_read_conversations_accepts_both_formats(chat_data):
     conversations = read_conversations(chat_data / "train.jsonl")
     assert conversations[-1] == [{"role": "user", "content": "name a colour:"},
                                  {"role": "assistant", "content": "green."}]
+
+
+def test_the_course_example_learns_to_answer_held_out_sums(tmp_path, capsys):
+    """examples/chat_sft_course.py: a tiny GPT given a chat format answers sums it never saw (19 of 20 here)."""
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "chat_sft_course.py"))
+    result = example["main"](tmp_path)
+    assert result["added"] == 2 and result["last"] < result["first"] - 0.3
+    assert result["right"] >= 15, result  # of 20 held-out questions; 0 before tuning (no chat format at all)
+    assert "held-out questions answered exactly" in capsys.readouterr().out
