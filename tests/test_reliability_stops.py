@@ -40,7 +40,9 @@ def test_a_signal_during_tokenization_ends_every_worker_and_frees_the_lock(tmp_p
     out = tmp_path / "shards-unique-marker"
     cmd = [sys.executable, "-m", "lmforge.cli", "data", "prepare", str(corpus), "--tokenizer", str(tmp_path / "tok"),
            "--out", str(out), "--workers", "2"]
-    child = subprocess.Popen(cmd, env=child_env(), stderr=subprocess.PIPE, text=True)
+    # a shell's background job ignores SIGINT, and so would the child: restore the default, as a terminal has it
+    child = subprocess.Popen(cmd, env=child_env(), stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(processes_mentioning(str(out))) < 3 and time.monotonic() < deadline:  # the parent + 2 workers
         time.sleep(0.05)
