@@ -38,8 +38,8 @@ from lmforge.models.registry import (
 )
 
 SUPPORTED = {**bert.ARCHITECTURES, **gpt2.ARCHITECTURES, "LlamaForCausalLM": "Decoder"}  # HF -> lmforge
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "vocab.json", "merges.txt")
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                      "vocab.json", "merges.txt")
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
@@ -158,7 +158,7 @@ def unpadded(state: dict[str, torch.Tensor], config: DecoderConfig) -> dict[str,
 def copy_tokenizer_files(src: Path, out: Path) -> list[str]:
     """Copy the tokenizer files found in ``src`` into ``out`` unchanged; return their names."""
     copied = []
-    for name in TOKENIZER_FILES:
+    for name in HF_TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copyfile(src / name, out / name)
             copied.append(name)
@@ -203,7 +203,7 @@ def convert_to_hf(path: str | os.PathLike | nn.Module, out: str | os.PathLike) -
     write_text_atomic(dst / "config.json", json.dumps(hf_config, indent=2) + "\n")
     if not isinstance(path, nn.Module):
         export_tokenizer(Path(path), dst)
-    write_manifest(dst, [n for n in (WEIGHTS_NAME, "config.json", *TOKENIZER_FILES) if (dst / n).is_file()])
+    write_manifest(dst, [n for n in (WEIGHTS_NAME, "config.json", *HF_TOKENIZER_FILES) if (dst / n).is_file()])
     return dst
 
 
