@@ -49,7 +49,12 @@ def test_a_signal_during_tokenization_ends_every_worker_and_frees_the_lock(tmp_p
     assert child.poll() is None, "tokenization ended before the signal could be sent: make the corpus larger"
     time.sleep(0.3)
     child.send_signal(sig)
-    err = child.communicate(timeout=60)[1]
+    try:
+        err = child.communicate(timeout=60)[1]
+    finally:  # a failure here must not leave the child behind either
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     assert child.returncode == 128 + sig, err
     assert err.count("lmforge: ") == 1 and "Traceback" not in err, err  # one line (after the progress bar's)
     deadline = time.monotonic() + 10
