@@ -78,28 +78,15 @@ def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = (), 
     ``LmforgeError`` naming the file. ``verify=False`` (or ``--no-verify``) skips the check. A directory that
     lmforge wrote (``lmforge_written``: it always writes a manifest there) without one is refused.
     """
-    if not (VERIFY["default"] if verify is None else verify):
-        return False
     folder = Path(directory)
-    if not (folder / MANIFEST_NAME).is_file():
-        if lmforge_written:
-            raise missing_manifest(folder)
+    entries = manifest_to_check(folder, verify, lmforge_written)
+    if entries is None:
         return False
-    entries = read_manifest(folder)
     for name in required:
         if name not in entries and (folder / name).exists():
-            raise LmforgeError(f"{folder / name}: not listed in {MANIFEST_NAME} (written after it, or the "
-                               "manifest was edited); cannot vouch for it")
+            raise not_listed(folder / name)
     for name, entry in entries.items():
-        file = folder / name
-        if not file.is_file():
-            raise LmforgeError(f"{file}: listed in {MANIFEST_NAME} but missing")
-        size = file.stat().st_size
-        if size != entry.get("bytes"):
-            raise LmforgeError(f"{file}: {size} bytes, {MANIFEST_NAME} records {entry.get('bytes')} "
-                               "(truncated or changed)")
-        if sha256_file(file) != entry.get("sha256"):
-            raise LmforgeError(f"{file}: sha256 differs from {MANIFEST_NAME} (the file is corrupt or was changed)")
+        check_entry(folder / name, entry)
     return True
 
 
@@ -111,23 +98,44 @@ def verify_files(directory: str | os.PathLike, names: Iterable[str], verify: boo
     (the file carries lmforge's format marker, so a manifest was written beside it and is now missing), which
     is an ``LmforgeError`` saying how to proceed.
     """
-    if not (VERIFY["default"] if verify is None else verify):
-        return False
     folder = Path(directory)
+    entries = manifest_to_check(folder, verify, lmforge_written)
+    if entries is None:
+        return False
+    for name in names:
+        if name not in entries:
+            raise not_listed(folder / name)
+        check_entry(folder / name, entries[name])
+    return True
+
+
+def manifest_to_check(folder: Path, verify: bool | None, lmforge_written: bool) -> dict[str, dict] | None:
+    """The manifest's entries, or None when there is nothing to check (verification off, or no manifest in a
+    folder someone else wrote); a folder lmforge wrote without its manifest is refused."""
+    if not (VERIFY["default"] if verify is None else verify):
+        return None
     if not (folder / MANIFEST_NAME).is_file():
         if lmforge_written:
             raise missing_manifest(folder)
-        return False
-    entries = read_manifest(folder)
-    for name in names:
-        file = folder / name
-        entry = entries.get(name)
-        if entry is None:
-            raise LmforgeError(f"{file}: not listed in {MANIFEST_NAME} (written after it, or the manifest was "
-                               "edited); cannot vouch for it")
-        if file.stat().st_size != entry.get("bytes") or sha256_file(file) != entry.get("sha256"):
-            raise LmforgeError(f"{file}: differs from {MANIFEST_NAME} (the file is corrupt or was changed)")
-    return True
+        return None
+    return read_manifest(folder)
+
+
+def check_entry(file: Path, entry: dict) -> None:
+    """``file`` exists with the size and sha256 its manifest entry records, or one line naming it."""
+    if not file.is_file():
+        raise LmforgeError(f"{file}: listed in {MANIFEST_NAME} but missing")
+    size = file.stat().st_size
+    if size != entry.get("bytes"):
+        raise LmforgeError(f"{file}: {size} bytes, {MANIFEST_NAME} records {entry.get('bytes')} "
+                           "(truncated or changed)")
+    if sha256_file(file) != entry.get("sha256"):
+        raise LmforgeError(f"{file}: sha256 differs from {MANIFEST_NAME} (the file is corrupt or was changed)")
+
+
+def not_listed(file: Path) -> LmforgeError:
+    return LmforgeError(f"{file}: not listed in {MANIFEST_NAME} (written after it, or the manifest was edited); "
+                        "cannot vouch for it")
 
 
 def missing_manifest(folder: Path) -> LmforgeError:

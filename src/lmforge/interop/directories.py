@@ -46,8 +46,10 @@ def verify_directory(folder: Path, verify: bool | None = None) -> bool:
     manifest lists, by size and sha256. lmforge's own directories must have one that lists every model file;
     someone else's (a Hugging Face folder, perhaps with an lmforge tokenizer saved into it) are vouched for as
     far as a manifest goes, the rest checked as their formats are read. False when there is no manifest."""
-    ours = written_by_lmforge(folder)
-    return verify_manifest(folder, required=WEIGHT_FILES if ours else (), verify=verify, lmforge_written=ours)
+    ours = written_by_lmforge(folder)  # either way a tokenizer file beside a manifest must be listed in it (the
+    # tokenizer is then not hashed a second time when it is read)
+    return verify_manifest(folder, required=WEIGHT_FILES if ours else TOKENIZER_FILES, verify=verify,
+                           lmforge_written=ours)
 
 
 def has_tokenizer(folder: str | os.PathLike) -> bool:
@@ -78,7 +80,7 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
         return (model.to(device) if device is not None else model), (tok if tokenizer else None)
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory (nor a .gguf file)")
-    verify_directory(folder, verify)
+    verified = verify_directory(folder, verify)
     if (folder / ADAPTER_CONFIG).is_file():  # LoRA / adapter output of `lmforge finetune`
         model, tok, _ = load_finetuned(folder, device, verify=False)  # verified above
         return model, tok
@@ -92,7 +94,10 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
     if tokenizer and has_tokenizer(where):
         from lmforge.tokenizers import load_tokenizer
 
-        tok = load_tokenizer(where, verify, manifest_required=where != folder)  # a run's: always has one
+        # a run's (outside the folder): checked against its own manifest, which it always has; the folder's own
+        # tokenizer files were hashed with the folder just above
+        tok = load_tokenizer(where, False if verified and where == folder else verify,
+                             manifest_required=where != folder)
         check_vocabulary(tok, model, where)
     return model, tok
 
@@ -214,7 +219,7 @@ def load_finetuned(path: str | Path, device: str | None = None,
     from lmforge.nn.lora import merge_lora
 
     folder = Path(path)
-    verify_directory(folder, verify)
+    verified = verify_directory(folder, verify)
     if (folder / ADAPTER_CONFIG).is_file():
         info = read_json(folder / ADAPTER_CONFIG)
         for key in ("base_model", "strategy", "task", "labels"):
@@ -233,7 +238,7 @@ def load_finetuned(path: str | Path, device: str | None = None,
             if tok_dir is not None:
                 from lmforge.tokenizers import load_tokenizer
 
-                tok = load_tokenizer(tok_dir, verify)
+                tok = load_tokenizer(tok_dir, False if verified else verify)  # hashed with the folder
             model = apply_decoder_strategy(model, spec)
         else:
             model, tok = build_task_model(base, info["task"], len(info["labels"]), tok_dir)
