@@ -18,7 +18,6 @@ loss to 1e-6).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,15 @@ import torch
 from lmforge.errors import LmforgeError
 from lmforge.files import read_text_utf8
 from lmforge.nn.loss import IGNORE_INDEX
-from lmforge.tokenizers.chat import ChatTemplate, Message, check_messages
+from lmforge.tokenizers.chat import ChatTemplate, Message, messages_line
+
+
+def prompt_completion(row: Any) -> Any:
+    """``{"prompt", "completion"}`` as the two-message conversation it stands for; anything else as it is."""
+    if isinstance(row, dict) and "prompt" in row and "completion" in row:
+        return {"messages": [{"role": "user", "content": row["prompt"]},
+                             {"role": "assistant", "content": row["completion"]}]}
+    return row
 
 
 def read_conversations(path: str | Path) -> list[list[Message]]:
@@ -40,16 +47,8 @@ def read_conversations(path: str | Path) -> list[list[Message]]:
         if not line.strip():
             continue
         where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise LmforgeError(f"{where}: not JSON ({err.msg})") from None
-        if isinstance(row, dict) and "prompt" in row and "completion" in row:
-            row = {"messages": [{"role": "user", "content": row["prompt"]},
-                                {"role": "assistant", "content": row["completion"]}]}
-        if not isinstance(row, dict) or "messages" not in row:
-            raise LmforgeError(f"{where}: expected {{\"messages\": [...]}} or {{\"prompt\": ..., \"completion\": ...}}")
-        messages = check_messages(row["messages"], f"{where}: messages")
+        messages = messages_line(line, where, '{"messages": [...]} or {"prompt": ..., "completion": ...}',
+                                 prompt_completion)["messages"]
         if not any(m["role"] == "assistant" for m in messages):
             raise LmforgeError(f"{where}: a conversation without an assistant turn has nothing to learn")
         out.append(messages)

@@ -59,6 +59,26 @@ def check_messages(messages: Sequence[Message], where: str = "messages") -> list
     return out
 
 
+def messages_line(line: str, where: str, expected: str = 'an object with "messages"',
+                  adapt: Any = None) -> dict[str, Any]:
+    """One JSON line holding a conversation (``lmforge chat``'s input, training conversations, evaluation items):
+    the object, its ``messages`` checked. ``adapt`` may rewrite the parsed value first (prompt/completion rows);
+    anything else is one line naming ``where``.
+
+    >>> messages_line('{"messages": [{"role": "user", "content": "hi"}], "answer": "a"}', "f:1")["answer"]
+    'a'
+    """
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise LmforgeError(f"{where}: not JSON ({err.msg}); expected {expected}") from None
+    row = adapt(row) if adapt is not None else row
+    if not isinstance(row, dict) or "messages" not in row:
+        raise LmforgeError(f"{where}: expected {expected}")
+    row["messages"] = check_messages(row["messages"], f"{where}: messages")
+    return row
+
+
 class ChatTemplate:
     """A model's chat template, compiled once in Jinja2's sandbox.
 

@@ -11,13 +11,12 @@ assistant's turn (``stop_ids``: the template's end-of-turn marker, e.g. ``<|im_e
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.tokenizers.chat import ChatTemplate, Message, check_messages
+from lmforge.tokenizers.chat import ChatTemplate, Message, check_messages, messages_line
 
 
 class ChatFormat:
@@ -104,10 +103,4 @@ def chat(model: Any, tokenizer: Any, messages: Sequence[Message], options: Any =
 
 def read_conversation(line: str, where: str) -> list[Message]:
     """One JSON line of ``lmforge chat`` without a terminal: ``{"messages": [...]}``."""
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise LmforgeError(f"{where}: not JSON ({err.msg}); expected {{\"messages\": [...]}}") from None
-    if not isinstance(data, dict) or "messages" not in data:
-        raise LmforgeError(f"{where}: expected an object with \"messages\"")
-    return check_messages(data["messages"], f"{where}: messages")
+    return messages_line(line, where, '{"messages": [...]}')["messages"]

@@ -20,7 +20,6 @@ FILE`` prepends K solved conversations from a separate split (the same K for eve
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.errors import LmforgeError
-from lmforge.tokenizers.chat import Message, check_messages
+from lmforge.files import read_text_utf8
+from lmforge.tokenizers.chat import Message, messages_line
 from lmforge.workflows.chat import ChatFormat
 
 KINDS = ("choices", "answer", "reference")
@@ -66,24 +66,11 @@ def item_kind(item: dict[str, Any], where: str) -> str:
 def read_items(path: str | Path, limit: int = 0) -> tuple[str, list[dict[str, Any]]]:
     """A tasks file's kind and items (the first ``limit``); one line naming the file and line when wrong."""
     items, kinds = [], set()
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise LmforgeError(f"--tasks: cannot read {path}: {err}") from None
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(read_text_utf8(path, "tasks file").splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise LmforgeError(f"{where}: not JSON ({err.msg})") from None
-        if not isinstance(item, dict) or "messages" not in item:
-            raise LmforgeError(f"{where}: expected an object with \"messages\"")
-        try:
-            item["messages"] = check_messages(item["messages"])
-        except LmforgeError as err:
-            raise LmforgeError(f"{where}: {err}") from None
+        item = messages_line(line, where)
         if item["messages"][-1]["role"] != "user":
             raise LmforgeError(f"{where}: messages: the last message must be the user's (the question)")
         kinds.add(item_kind(item, where))
