@@ -10,7 +10,6 @@ hover, pinning, keys on the keyboard).
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -36,23 +35,21 @@ def _missing(reason: str) -> None:
 
 
 try:
-    from selenium import webdriver
+    from selenium import webdriver  # noqa: F401  (the availability check)
 except ImportError:
     _missing("selenium is not installed (pip install selenium)")
 if not (CHROMIUM and CHROMEDRIVER):
     _missing("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
 
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
+from conftest import headless_chromium  # noqa: E402
+
 CORPUS = ["Juventus lost from Ajax because they were too strong", "the king spoke to the queen"] * 3
 TEXT = "Juventus lost from Ajax because they were too strong"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1280,1000"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -62,16 +59,7 @@ def _one_thread(single_thread):
 
 @pytest.fixture(scope="module")
 def browser():
-    profile = tempfile.mkdtemp(prefix="lmforge-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(20)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    yield from headless_chromium(CHROMIUM, CHROMEDRIVER)
 
 
 @pytest.fixture(scope="module")

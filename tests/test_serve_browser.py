@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 
 import pytest
@@ -28,8 +27,7 @@ def _missing(reason: str) -> None:
 try:
     import fastapi  # noqa: F401
     import openai
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    from selenium import webdriver  # noqa: F401  (the availability check)
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 except ImportError as err:
@@ -37,6 +35,7 @@ except ImportError as err:
 if not (CHROMIUM and CHROMEDRIVER):
     _missing("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
 
+from conftest import headless_chromium  # noqa: E402
 from serve_helpers import chat_model, live_server  # noqa: E402
 
 # Records every text the answer bubble shows, as it changes (a MutationObserver on the conversation).
@@ -57,17 +56,7 @@ def server(tmp_path_factory, single_thread):
 
 @pytest.fixture(scope="module")
 def browser():
-    profile = tempfile.mkdtemp(prefix="lmforge-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-                 "--disable-background-networking", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(20)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    yield from headless_chromium(CHROMIUM, CHROMEDRIVER)
 
 
 def test_a_question_typed_in_the_page_streams_the_apis_greedy_answer(server, browser):
