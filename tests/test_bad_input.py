@@ -137,6 +137,9 @@ CASES: dict[str, list[tuple[str, bytes | None, str]]] = {
         ("evaluate --model {w}/cls --data {w}/missing.csv", None, "missing.csv"),
         ("evaluate --model {w}/cls --data {w}/bin.dat", None, "bin.dat"),
         ("evaluate --model {w}/cls --data {w}/train.csv --batch-size 0", None, "--batch-size"),
+        ("evaluate --model {w}/gpt --tasks {w}/bin.dat", None, "bin.dat"),
+        ("evaluate --model {w}/gpt --tasks {w}/text.txt", None, "text.txt:1: not JSON"),
+        ("evaluate --model {w}/gpt --tasks {w}/missing.jsonl", None, "missing.jsonl"),
     ],
     "predict": [
         ("predict --model {w}/cls", b"hello \xff\xfe world\n", "<stdin> line 1"),
