@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import platform
 import statistics
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,7 @@ class Shapes:
     prompt: int = 16
     new_tokens: int = 256
     decode_batches: tuple[int, ...] = (1, 16)
+    concurrency: tuple[int, ...] = (1, 4, 16)
     pretrain_steps: int = 60
     pretrain_log: int = 10
 
@@ -68,11 +71,10 @@ FULL = Shapes(gpt=Sizes(vocab=50304, d=768, layers=12, heads=12, ff=3072),
               bert=Sizes(vocab=30522, d=768, layers=12, heads=12, ff=3072))
 SMOKE = Shapes(gpt=Sizes(vocab=512, d=64, layers=2, heads=2, ff=256), bert=Sizes(vocab=512, d=64, layers=2, heads=2,
                ff=256), gpt_batch=2, gpt_seq=64, bert_batch=2, bert_seq=64, prompt=4, new_tokens=12,
-               decode_batches=(1, 2), pretrain_steps=6, pretrain_log=2)
+               decode_batches=(1, 2), concurrency=(1, 2), pretrain_steps=6, pretrain_log=2)
 
 
-def train_rows(shapes: Shapes, device: torch.device, amp: torch.dtype | None, args, peak: float) -> list[dict]:
-    rows = []
+def train_rows(shapes: Shapes, device: torch.device, amp: torch.dtype | None, args, peak: float) -> Iterator[dict]:
     for name, pair, s, batch, seq in (
         ("GPT train step", lambda: gpt_pair(shapes.gpt, shapes.gpt_seq, dropout=0.0), shapes.gpt, shapes.gpt_batch,
          shapes.gpt_seq),
@@ -96,19 +98,17 @@ def train_rows(shapes: Shapes, device: torch.device, amp: torch.dtype | None, ar
                               "transformers": train_step_fn(hf, ids, labels, device, amp)},
                              args.warmup, args.rounds, args.steps, device)
             label = f"{name}{', compiled' if compiled else ', eager'} (batch {batch} x {seq})"
-            rows.append(row(label, batch * seq / best["lmforge"], batch * seq / best["transformers"], flops, peak))
             del ours, hf
             empty_cache(device)
-    return rows
+            yield row(label, batch * seq / best["lmforge"], batch * seq / best["transformers"], flops, peak)
 
 
-def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, peak: float) -> list[dict]:
+def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, peak: float) -> Iterator[dict]:
     s, prompt, new = shapes.gpt, shapes.prompt, shapes.new_tokens
     ours, hf = gpt_pair(s, prompt + new, dropout=0.0)
     exact = ours.to(device, torch.float32).eval()  # fp32: compiled == eager is checked here, no bf16 near-ties
     ours, hf = copy.deepcopy(exact).to(dtype), hf.to(device, dtype).eval()
     flops = 2 * matmul_weights(s) + 4 * s.layers * (prompt + new / 2) * s.d
-    rows = []
     for batch in shapes.decode_batches:
         ids = torch.randint(0, s.vocab, (batch, prompt), generator=torch.Generator().manual_seed(batch)).to(device)
         eager = lmforge_decode(exact, ids, new, False)().tokens
@@ -129,14 +129,14 @@ def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, 
                     flops, peak)
             r["peers"] = {k: round(v, 1) for k, v in tok_s.items() if k.startswith("transformers")}
             r["same_tokens_as_eager"] = agree
-            rows.append(r)
+            yield r
     del ours, hf, exact
     empty_cache(device)
-    return rows
 
 
-def engine_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, smoke: bool) -> list[dict]:
-    """bench/engine.py's concurrency rows at the GPT-2 124M shape (bf16 weights on the GPU)."""
+def engine_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, smoke: bool) -> Iterator[dict]:
+    """bench/engine.py's concurrency rows at the GPT-2 124M shape (bf16 weights on the GPU); every timing is the
+    second of two runs of the same work (the first compiles, records CUDA graphs, fills transformers' caches)."""
     from engine import hf_generate, lmforge_concurrent
 
     s = shapes.gpt
@@ -144,20 +144,19 @@ def engine_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, smoke:
     ours, hf = ours.to(device, dtype).eval(), hf.to(device, dtype).eval()
     new, prompt = (12, 8) if smoke else (128, 30)
     g = torch.Generator().manual_seed(0)
-    rows = []
-    one = hf_generate(hf, [torch.randint(10, s.vocab, (prompt,), generator=g).tolist()], new, "static", device)
-    for c in (1, 2) if smoke else (1, 4, 16):
+    lone = [torch.randint(10, s.vocab, (prompt,), generator=g).tolist()]
+    one = min(hf_generate(hf, lone, new, "static", device) for _ in range(2))
+    for c in shapes.concurrency:
         work = [torch.randint(10, s.vocab, (prompt,), generator=g).tolist() for _ in range(c)]
-        got = lmforge_concurrent(ours, work, new, compile=device.type == "cuda")
-        batched = hf_generate(hf, work, new, "static", device)
-        rows.append({"row": f"engine, {c} concurrent (prompt {prompt}, {new} new, arriving one per step)",
+        got = lmforge_concurrent(ours, work, new, compile=device.type == "cuda", repeat=2)
+        batched = min(hf_generate(hf, work, new, "static", device) for _ in range(2))
+        yield ({"row": f"engine, {c} concurrent (prompt {prompt}, {new} new, arriving one per step)",
                      "lmforge": got["tokens_per_s"], "peer": max(c * new / batched, new / one),
                      "ratio": got["tokens_per_s"] / max(c * new / batched, new / one), "mfu": float("nan"),
                      "ttft_p50_s": statistics.median(got["ttft"]), "ttft_max_s": max(got["ttft"]),
                      "peers": {"hf batched": c * new / batched, "hf serial": new / one}})
     del ours, hf
     empty_cache(device)
-    return rows
 
 
 def lmforge_decode(model, ids: torch.Tensor, new: int, compile: bool):
@@ -215,6 +214,14 @@ def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: f
     return r
 
 
+def guarded(name: str, job: Callable[[], Iterable[dict]]) -> Iterator[dict]:
+    """The job's rows as each finishes (a stop mid-job keeps those written); an error becomes one more row."""
+    try:
+        yield from job()
+    except Exception as err:  # one failing row is reported; the others still run
+        yield {"row": name, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+
+
 def row(name: str, ours: float, peer: float, flops_per_token: float, peak: float) -> dict:
     return {"row": name, "lmforge": ours, "peer": peer, "ratio": ours / peer, "mfu": ours * flops_per_token / peak}
 
@@ -249,10 +256,16 @@ def main() -> None:
     p.add_argument("--text", help="the Shakespeare text for the pretrain row (no network: nothing is fetched)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu.jsonl"),
                    help="append each row here as JSON lines as soon as it finishes")
+    p.add_argument("--decode-batches", type=int, nargs="+", help="batch sizes of the decoding rows (default 1 16)")
+    p.add_argument("--concurrency", type=int, nargs="+", help="concurrent requests of the engine rows (1 4 16)")
     args = p.parse_args()
     device = torch.device(args.device)
     smoke = args.smoke or device.type != "cuda"
     shapes = SMOKE if smoke else FULL
+    if args.decode_batches:
+        shapes = dataclasses.replace(shapes, decode_batches=tuple(args.decode_batches))
+    if args.concurrency:
+        shapes = dataclasses.replace(shapes, concurrency=tuple(args.concurrency))
     args.warmup, args.rounds, args.steps, args.gen_rounds = (1, 2, 2, 1) if smoke else (3, 5, 5, 3)
     cuda = device.type == "cuda"
     if cuda:
@@ -264,7 +277,7 @@ def main() -> None:
     header = (f"{versions(device)}; matmul peak ({dtype}, measured) {peak / 1e12:.1f} TFLOP/s"
               + (f", spec sheet {spec / 1e12:.0f}" if spec else ""))
     print(header, file=sys.stderr, flush=True)
-    only = set(args.only or ["train", "decode", "engine", "pretrain"])
+    order = args.only or ["train", "decode", "engine", "pretrain"]  # --only also sets the order
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     jobs = {"train": lambda: train_rows(shapes, device, amp, args, peak),
@@ -275,14 +288,8 @@ def main() -> None:
               "nothing)"}]}
     rows: list[dict] = []
     started = time.perf_counter()
-    for name, job in jobs.items():
-        if name not in only:
-            continue
-        try:
-            got = job()
-        except Exception as err:  # one failing row is reported; the others still run
-            got = [{"row": name, "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}]
-        for r in got:
+    for name in dict.fromkeys(order):
+        for r in guarded(name, jobs[name]):
             r.update(device=versions(device), measured_peak=peak, spec_peak=spec, smoke=smoke)
             with out.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(r, default=str) + "\n")
