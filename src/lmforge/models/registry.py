@@ -8,6 +8,7 @@ tokenizer files. Weights are read with safetensors only: loading never unpickles
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,22 +81,37 @@ def build_model(config: Config, architecture: str | None = None, num_labels: int
     return cls(config)
 
 
-def tied_aliases(model: nn.Module) -> dict[str, str]:
-    """{alias: owner} for parameters registered under two names (an LM head tied to the embeddings)."""
-    owners: dict[int, str] = {}
+def tied_aliases(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """{alias: owner} for the names of a state dict whose tensor is an earlier name's (a tied LM head).
+
+    >>> w = torch.zeros(4, 2)   # an embedding that the LM head reuses
+    >>> tied_aliases({"embed.weight": w, "head.weight": w, "norm.weight": torch.ones(2)})
+    {'head.weight': 'embed.weight'}
+
+    Computed from storage, so it works on any state dict (a model's, or the trainer's on the CPU); FSDP's
+    gathered state dict holds tied weights as separate copies, so the trainer asks the plain model.
+    """
+    owners: dict[tuple, str] = {}
     aliases = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in owners:
-            aliases[name] = owners[id(p)]
+    for name, t in state.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if t.numel() and key in owners:
+            aliases[name] = owners[key]
         else:
-            owners[id(p)] = name
+            owners.setdefault(key, name)
     return aliases
 
 
+def untied(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict with each shared tensor kept once, contiguous (safetensors refuses aliases); the file is
+    then exactly what ``safetensors.torch.save_model`` writes."""
+    aliases = tied_aliases(state)
+    return {k: v.detach().contiguous() for k, v in state.items() if k not in aliases}
+
+
 def state_dict_untied(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict with each tied tensor stored once, contiguous, on the CPU."""
-    aliases = tied_aliases(model)
-    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in aliases}
+    """The model's state dict with each tied tensor stored once, contiguous, on the CPU."""
+    return {k: v.cpu() for k, v in untied(model.state_dict()).items()}
 
 
 def save_weights(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -161,7 +177,7 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
     Returns the names of those that were absent.
     """
     expected = model.state_dict()
-    aliases = tied_aliases(model)
+    aliases = tied_aliases(expected)
     for name in tensors:
         if name not in expected:
             raise LmforgeError(f"{source}: unexpected tensor {name!r} (not in {type(model).__name__})")

@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from lmforge.errors import LmforgeError
 from lmforge.files import write_text_atomic
 from lmforge.manifest import verify_manifest, write_manifest
-from lmforge.models.registry import load_tensors_only
+from lmforge.models.registry import load_tensors_only, untied
 from lmforge.train.logs import info
 
 STEP_PREFIX = "step-"
@@ -80,31 +80,7 @@ class Checkpoint:
         return load_tensors_only(self.path / "optimizer.pt", OPTIMIZER_HINT)
 
 
-# ---------------------------------------------------------------------------------------------- weights
-
-def dedupe_tied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Keep one name per shared tensor (a tied embedding / LM head): safetensors refuses aliases.
-
-    The file is then exactly what ``safetensors.torch.save_model`` writes, and ``load_model`` reads it.
-    """
-    out, seen = {}, set()
-    for name, t in state_dict.items():
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
-        if t.numel() and key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.detach().contiguous()
-    return out
-
-
-def alias_names(model: torch.nn.Module) -> set[str]:
-    """State-dict names that are aliases of an earlier name (tied weights), e.g. {"lm_head.proj.weight"}.
-
-    Computed on the plain model: FSDP's gathered state dict holds tied weights as separate copies.
-    """
-    own = model.state_dict()
-    return set(own) - set(dedupe_tied(own))
-
+# ---------------------------------------------------------------------------------------------- the checkpoint
 
 def checkpoint_config(model: torch.nn.Module, tokenizer_dir: str | Path | None = None,
                       extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -204,7 +180,7 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        save_file(dedupe_tied(weights), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(untied(weights), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         torch.save(optimizer_state, tmp / "optimizer.pt")
         # atomic: everything here goes into a temporary folder that is renamed into place as a whole
         (tmp / "trainer.json").write_text(json.dumps({"step": step, **trainer_state}) + "\n", encoding="utf-8")

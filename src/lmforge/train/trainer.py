@@ -42,13 +42,12 @@ from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
 from lmforge.lock import RunLock
-from lmforge.models.registry import load_weights
+from lmforge.models.registry import load_weights, tied_aliases
 from lmforge.schema import Recipe, plain, refuse_changes
 from lmforge.train import distributed as D
 from lmforge.train.batches import BatchSource, Prefetcher
 from lmforge.train.checkpoint import (
     Checkpoint,
-    alias_names,
     capture_rng,
     checkpoint_config,
     checkpoints_dir,
@@ -212,7 +211,7 @@ class Trainer:
         if self.device.type == "cuda":  # TF32 tensor cores for fp32 matmuls (10 mantissa bits, as bf16 has 7)
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         no_decay = no_decay_names(self.model)  # before FSDP flattens the parameters
-        self.aliases = alias_names(self.model)  # tied weights, saved once
+        self.aliases = set(tied_aliases(self.model.state_dict()))  # tied weights, saved once
         self.wrapped = D.wrap(self.model, env, self.device, fsdp=cfg.fsdp, use_ddp=cfg.ddp)
         self.forward_model = torch.compile(self.wrapped) if self.compile else self.wrapped
         self.optimizer = build_optimizer(self.wrapped, cfg, self.device, no_decay)
