@@ -86,10 +86,17 @@ def test_seq2seq_on_tsv_pairs(tmp_path):
     r = recipe("seq2seq", [str(tsv)], "wordpiece")
     r["tokenizer"]["lowercase"] = False
     r["model"] = {**TINY, "n_encoder_layers": 1, "n_decoder_layers": 1}
+    r["train"]["lr"] = 1e-2  # 6 steps must move the loss
     result, model_dir = pretrain(r, tmp_path / "run")
-    assert result.step == 6 and result.eval["eval_loss"] > 0
     model, _ = lmforge.load(model_dir)
-    assert type(model).__name__ == "Seq2Seq"
+    assert type(model).__name__ == "Seq2Seq" and result.step == 6
+    # an untrained decoder guesses uniformly (ln V a token); 6 steps must take the held-out loss well below that
+    chance = math.log(model.config.vocab_size)
+    events = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    first = next(e["loss"] for e in events if e.get("event") == "train")
+    evals = [e["eval_loss"] for e in events if "eval_loss" in e]
+    assert first == pytest.approx(chance, abs=0.5)  # its init is less flat than the decoder-only models'
+    assert evals[-1] < chance - 0.5 and evals[-1] < evals[0] and result.eval["eval_loss"] == evals[-1]
 
 
 def test_bad_recipes_name_the_key(tmp_path, text_files):

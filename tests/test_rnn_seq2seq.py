@@ -6,9 +6,11 @@ import pytest
 import torch
 
 import lmforge
+from beam_reference import reference_beam_search
 from lmforge import reference as ref
 from lmforge.errors import LmforgeError
 from lmforge.generation import generate, pad_prompts
+from lmforge.generation.steps import make_steps
 from lmforge.models import RNNSeq2Seq, get_preset, load_config, load_pretrained, save_pretrained
 from lmforge.models.config import RNNSeq2SeqConfig
 from lmforge.nn.rnn_attention import AdditiveAttention, MultiplicativeAttention, make_attention
@@ -142,15 +144,20 @@ def test_pretrain_recipe_builds_a_loadable_rnn(tmp_path):
     recipe = {"tokenizer": {"kind": "byte-bpe", "vocab_size": 300},
               "data": {"objective": "seq2seq", "files": [str(tsv)], "seq_len": 16, "eval_batches": 1, "workers": 1},
               "model": {"preset": "rnn-seq2seq-tiny", "d_embed": 16, "d_hidden": 16, "attention": "general"},
-              "train": {"max_steps": 3, "batch_size": 4, "eval_every": 3, "save_every": 3, "log_every": 1,
-                        "progress": False, "plot": False, "tensorboard": False}}
+              "train": {"max_steps": 40, "lr": 3e-2, "warmup_steps": 1, "batch_size": 4, "eval_every": 40,
+                        "save_every": 40, "log_every": 1, "progress": False, "plot": False, "tensorboard": False}}
     result, model_dir = pretrain(recipe, tmp_path / "run")
-    assert result.step == 3 and np.isfinite(result.eval["eval_loss"])
     loaded, tokenizer = lmforge.load(model_dir)
+    # an untrained model guesses uniformly (ln V a token): 40 steps on 8 words must be far below that
+    assert result.step == 40 and result.eval["eval_loss"] < np.log(loaded.config.vocab_size) - 2
     assert isinstance(loaded, RNNSeq2Seq) and loaded.config.attention == "general"
     source = torch.tensor([tokenizer.encode("alpha beta gamma", add_special_tokens=False).ids])
-    out = generate(loaded, source, max_new_tokens=5, beams=2)
-    assert 1 <= out.lengths[0] <= 5
+    stop = [loaded.config.eos_id]
+    out = generate(loaded, source, max_new_tokens=5, beams=2, stop_ids=stop, pad_id=0)
+    with torch.inference_mode():  # the plain list-based beam search over the same loaded model
+        want, scores = reference_beam_search(make_steps(loaded, source, None, 5), 1, 2, 5, stop, 0)
+    assert out.to_lists() == want and len(want[0]) >= 1
+    torch.testing.assert_close(out.scores, torch.tensor(scores, dtype=out.scores.dtype))
     with pytest.raises(LmforgeError, match="not an encoder-decoder"):
         build_pretraining_model({"preset": "gpt-tiny"}, tokenizer, "seq2seq")
 
