@@ -218,3 +218,16 @@ def test_every_write_goes_through_the_atomic_helper():
                 if "atomic:" not in said and "append-only:" not in said:
                     offenders.append(f"{path.relative_to(PACKAGE)}:{number + 1}")
     assert offenders == [], f"direct writes: {offenders} (use lmforge.files.write_text_atomic / atomic_path)"
+
+
+def test_every_data_file_of_the_package_ships_in_the_wheel():
+    """A page, script or recipe the code reads beside itself must be named in pyproject's package-data, or an
+    installed (non-editable) lmforge fails where the checkout works."""
+    import fnmatch
+    import tomllib
+
+    globs = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["lmforge"]
+    data = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert data, "no data files found: the walk is wrong"
+    assert [f for f in data if not any(fnmatch.fnmatch(f, g) for g in globs)] == []
