@@ -23,7 +23,7 @@ $(VENV)/.dev: $(VENV)/.core
 # `make demo DEMO_ARGS=--quick` (about a minute), or DEMO_ARGS="--steps 500"
 DEMO_ARGS ?=
 demo: $(VENV)/.core
-	$(VENV)/bin/lmforge demo $(DEMO_ARGS)
+	$(VENV)/bin/lmforge demo --examples examples $(DEMO_ARGS)
 
 # Real-data tests fetch their data first (package registries only); then the whole suite runs.
 test: $(VENV)/.dev

@@ -52,7 +52,8 @@ def w(tmp_path_factory):
 
 # command -> [(argv with {w} for the workspace, stdin bytes or None, what the one line must name)]
 CASES: dict[str, list[tuple[str, bytes | None, str]]] = {
-    "demo": [("demo --steps 0", None, "--steps"), ("demo --finetune-steps -1", None, "--finetune-steps")],
+    "demo": [("demo --steps 0", None, "--steps"), ("demo --finetune-steps -1", None, "--finetune-steps"),
+             ("demo --examples {w}/adir --out {w}/demo", None, "--examples")],
     "tokenizer train": [
         ("tokenizer train --kind bpe --vocab-size 100 --out {w}/t1 {w}/bin.dat", None, "bin.dat"),
         ("tokenizer train --kind bpe --vocab-size 100 --out {w}/t1 {w}/bad.csv", None, "bad.csv"),

