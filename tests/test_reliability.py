@@ -29,11 +29,12 @@ from lmforge.lock import RunLock
 from lmforge.manifest import MANIFEST_NAME
 from lmforge.train import TrainConfig
 from lmforge.train.checkpoint import checkpoints_dir, latest_checkpoint
-from lmforge.train.trainer import Trainer, train
+from lmforge.train.trainer import Callback, Trainer, train
 from train_toy import ToyLM, ToySource
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TOY = Path(__file__).with_name("train_toy.py")
+FAULTS = Path(__file__).with_name("faults.py")
 WORDS = ["the", "king", "and", "queen", "of", "a", "small", "land", "rode", "out", "at", "dawn", "to", "see", "what",
          "the", "sea", "had", "left", "on", "the", "sand", "after", "a", "long", "night", "of", "storm", "wind", "rain"]
 
@@ -47,7 +48,8 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def lmforge_cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmforge.cli", *args], env=child_env(**env), capture_output=True,
+    """The ``lmforge`` command in a child process, with tests/faults.py's hooks installed."""
+    return subprocess.run([sys.executable, str(FAULTS), *args], env=child_env(**env), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -384,11 +386,7 @@ def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)]).returncode:
         pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN in this container)")
     try:
-        class FillDisk:  # after the first checkpoint, leave 24 KiB free: the next checkpoint cannot fit
-            def on_step(self, *a): ...
-
-            def on_eval(self, *a): ...
-
+        class FillDisk(Callback):  # after the first checkpoint, leave 24 KiB free: the next cannot fit
             def on_save(self, trainer, step, path):
                 free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
                 (disk / "filler").write_bytes(b"\0" * max(0, free - 24 * 1024))

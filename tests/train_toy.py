@@ -102,6 +102,9 @@ def toy_decoder() -> nn.Module:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import faults
+
+    faults.install()  # LMFORGE_TEST_KILL_AT_STEP / LMFORGE_TEST_SIGNAL_AT_STEP, when a test sets them
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=8)

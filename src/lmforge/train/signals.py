@@ -30,7 +30,6 @@ from lmforge.train import distributed as D
 from lmforge.train.logs import info
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-SIGNAL_HOOK = "LMFORGE_TEST_SIGNAL_AT_STEP"  # tests: "7:TERM" sends this process SIGTERM after step 7
 
 
 class GracefulStop:
@@ -78,10 +77,3 @@ class GracefulStop:
         name = signal.Signals(signum).name
         return Stopped(f"stopped by {name} after step {step}; checkpoint {checkpoint}; run the same command "
                        "again to resume from it", signum)
-
-
-def send_test_signal(step: int) -> None:
-    """Tests only: when ``LMFORGE_TEST_SIGNAL_AT_STEP`` is "STEP:NAME", send this process SIGNAME after STEP."""
-    at, _, name = os.environ.get(SIGNAL_HOOK, "").partition(":")
-    if at == str(step):
-        os.kill(os.getpid(), getattr(signal, f"SIG{name or 'TERM'}"))

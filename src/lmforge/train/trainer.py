@@ -25,9 +25,7 @@ sums depend on how the work is split: a checkpoint records both and resume warns
 from __future__ import annotations
 
 import math
-import os
 import random
-import signal
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -62,19 +60,20 @@ from lmforge.train.config import TrainConfig, default_recipe, read_recipe, save_
 from lmforge.train.logs import RunLog, info
 from lmforge.train.metrics import EvalAccumulator, NonFiniteWatch, label_shift
 from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
-from lmforge.train.signals import GracefulStop, send_test_signal
-
-KILL_HOOK = "LMFORGE_TEST_KILL_AT_STEP"  # tests: SIGKILL this process right after finishing that step
+from lmforge.train.signals import GracefulStop
 
 
 class Callback:
-    """Hooks called on rank 0; override the ones you need."""
+    """Hooks called on rank 0 (on_step_end: on every process); override the ones you need."""
 
     def on_step(self, trainer: Trainer, step: int, record: dict[str, Any]) -> None: ...
 
     def on_eval(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None: ...
 
     def on_save(self, trainer: Trainer, step: int, path: Path) -> None: ...
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        """Called on every process (not rank 0 alone) once the step, and its checkpoint if any, is done."""
 
 
 @dataclass
@@ -279,12 +278,11 @@ class Trainer:
                 saved = save_now or stop_now
                 if saved:
                     last_ckpt = self.save()
-                if os.environ.get(KILL_HOOK) == str(step):
-                    os.kill(os.getpid(), signal.SIGKILL)
+                for cb in self.callbacks:
+                    cb.on_step_end(self, step)
                 if stop_now:
                     info(f"stopping early at step {step} (a callback asked); checkpoint {last_ckpt}")
                     break
-                send_test_signal(step)
                 # one process: a flag read, every step; several: an all-reduce, so only where the host waits anyway
                 check = not env.enabled or log_now or eval_now or save_now
                 if not last and check and (signum := stop.requested()):

@@ -77,7 +77,7 @@ def parameter_counts(model: nn.Module) -> dict[str, Any]:
             "trainable_ratio": round(trainable / full, 6)}
 
 
-class LastStepClock:
+class LastStepClock(Callback):
     """A trainer callback noting when the last logged step ended (the trainer logs the last step)."""
 
     last: float | None = None
@@ -85,7 +85,3 @@ class LastStepClock:
 
     def on_step(self, trainer: Any, step: int, record: dict[str, Any]) -> None:
         self.last, self.last_cpu = time.perf_counter(), time.process_time()
-
-    def on_eval(self, *args: Any) -> None: ...
-
-    def on_save(self, *args: Any) -> None: ...
