@@ -281,3 +281,23 @@ def test_eval_metrics_from_logits_nsp_and_model_metrics():
     assert result["eval_accuracy"] == pytest.approx(2 / 3)  # row 4 is ignored (-100)
     assert result["eval_nsp_accuracy"] == 0.75 and result["eval_f1"] == 0.25
     assert result["eval_ppl"] == pytest.approx(math.exp(0.5))
+
+
+def test_tf32_is_on_while_training_on_cuda_only_and_restored_after():
+    """TF32 is the trainer's choice for its own matmuls, not a process-wide switch left behind (the flags can be
+    set without a GPU, so this runs anywhere)."""
+    from lmforge.train.trainer import tf32
+
+    def flags() -> tuple[bool, bool]:
+        return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+    before = flags()
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        with tf32(torch.device("cuda")):
+            assert flags() == (True, True)
+        assert flags() == (False, False)
+        with tf32(torch.device("cpu")):
+            assert flags() == (False, False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

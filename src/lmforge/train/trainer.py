@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,21 @@ from lmforge.train.logs import RunLog, info
 from lmforge.train.metrics import EvalAccumulator, NonFiniteWatch, label_shift
 from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
 from lmforge.train.signals import GracefulStop
+
+
+@contextmanager
+def tf32(device: torch.device) -> Iterator[None]:
+    """On CUDA, TF32 tensor cores for fp32 matmuls (10 mantissa bits, as bf16 has 7) while training only: the
+    process's own settings are restored after ``fit``."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 class Callback:
@@ -188,7 +203,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         created = D.init(self.env, self.device, self.config.dist_timeout)
         try:
-            with RunLock(self.run_dir) if self.env.is_main else nullcontext():
+            with RunLock(self.run_dir) if self.env.is_main else nullcontext(), tf32(self.device):
                 return self._fit()
         except RuntimeError as err:  # a collective failed: another process died or stopped answering?
             D.raise_peer_failure(err, self.env, self.config.dist_timeout, self._latest_name)
@@ -207,8 +222,6 @@ class Trainer:
         if ckpt is not None:
             load_weights(self.model, ckpt.weights(), str(ckpt.path / "model.safetensors"))  # models/registry.py
         self.model.to(self.device)
-        if self.device.type == "cuda":  # TF32 tensor cores for fp32 matmuls (10 mantissa bits, as bf16 has 7)
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         no_decay = no_decay_names(self.model)  # before FSDP flattens the parameters
         self.aliases = set(tied_aliases(self.model.state_dict()))  # tied weights, saved once
         self.wrapped = D.wrap(self.model, env, self.device, fsdp=cfg.fsdp, use_ddp=cfg.ddp)
