@@ -168,8 +168,40 @@ def wants_compile(compile: bool | None, device: torch.device) -> bool:
 
 # -- the two loops -------------------------------------------------------------------------------------------------
 @dataclass
+class Decoding:
+    """The keyword arguments of ``stream`` and ``generate``, declared once (each explained in ``generate``)."""
+
+    max_new_tokens: int = 50
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+    stop_ids: Sequence[int] | None = None
+    pad_id: int | None = None
+    seed: int | None = None
+    generator: torch.Generator | None = None
+    use_cache: bool = True
+    start_id: int | None = None
+    compile: bool | None = None
+    stop_strings: Sequence[str] | None = None
+    tokenizer: Any = None
+
+    def resolve(self, model: nn.Module, input_ids: torch.Tensor, beams: int, keep_logits: bool) -> Options:
+        """Checked, with the model's stop and pad ids filled in; errors name the option."""
+        check_options(input_ids, self.max_new_tokens, self.temperature, self.top_k, self.top_p, beams,
+                      self.repetition_penalty)
+        if beams > 1 and self.stop_strings:
+            raise LmforgeError("stop_strings: beam search ends on stop tokens only; use greedy or sampling")
+        if self.stop_strings and self.tokenizer is None:
+            raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
+        stop, pad = model_ids(model, self.stop_ids, self.pad_id)
+        return Options(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.repetition_penalty, stop,
+                       pad, self.stop_strings or (), keep_logits)
+
+
+@dataclass
 class Options:
-    """The settings of one ``stream`` / ``generate`` call, every row alike."""
+    """The resolved settings of one ``stream`` / ``generate`` call, every row alike."""
 
     max_new_tokens: int
     temperature: float
@@ -246,83 +278,41 @@ def stepper_steps(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
 
 
 def decode_rows(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, o: Options,
-                seed: int | None, generator: torch.Generator | None, use_cache: bool, start_id: int | None,
-                compile: bool | None, tokenizer: Any, record: list[Generation]) -> Iterator[list[int]]:
+                d: Decoding, record: list[Generation]) -> Iterator[list[int]]:
     """The steps of every row on the engine (lmforge Transformers) or the plain stepper (the rest)."""
     prompts = prompt_rows(input_ids, attention_mask)
-    seeds = [None if seed is None else seed + row for row in range(len(prompts))]  # each row its own stream
+    seeds = [None if d.seed is None else d.seed + row for row in range(len(prompts))]  # each row its own stream
     engine = None
-    if use_cache and o.max_new_tokens:
+    if d.use_cache and o.max_new_tokens:
         seq2seq = is_encoder_decoder(model)
         longest = (1 if seq2seq else max(map(len, prompts))) + o.max_new_tokens
         source = max(map(len, prompts)) if seq2seq else 0
-        engine = engine_for(model, len(prompts), longest, source, wants_compile(compile, input_ids.device),
-                            tokenizer, start_id)
+        engine = engine_for(model, len(prompts), longest, source, wants_compile(d.compile, input_ids.device),
+                            d.tokenizer, d.start_id)
     if engine is not None:
-        return engine_steps(engine, prompts, o, seeds, generator, record)
-    return stepper_steps(model, input_ids, attention_mask, o, seeds, generator, use_cache, start_id, tokenizer,
-                         record)
+        return engine_steps(engine, prompts, o, seeds, d.generator, record)
+    return stepper_steps(model, input_ids, attention_mask, o, seeds, d.generator, d.use_cache, d.start_id,
+                         d.tokenizer, record)
 
 
-def stream(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    max_new_tokens: int = 50,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_ids: Sequence[int] | None = None,
-    pad_id: int | None = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    use_cache: bool = True,
-    start_id: int | None = None,
-    compile: bool | None = None,
-    repetition_penalty: float = 1.0,
-    stop_strings: Sequence[str] | None = None,
-    tokenizer: Any = None,
-) -> Iterator[torch.Tensor]:
+def stream(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+           **options: Any) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) step by step: greedy or sampled, with a KV cache.
 
-    Arguments as in ``generate``. A row that has stopped yields ``pad_id``; the iteration ends when every
-    row has stopped or after ``max_new_tokens`` steps.
+    Keyword arguments: the fields of ``Decoding`` (as in ``generate``). A row that has stopped yields
+    ``pad_id``; the iteration ends when every row has stopped or after ``max_new_tokens`` steps.
 
     >>> for tokens in stream(model, ids, max_new_tokens=3):    # doctest: +SKIP
     ...     print(tokenizer.decode(tokens.tolist()), end="", flush=True)
     """
-    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, 1, repetition_penalty)
-    if stop_strings and tokenizer is None:
-        raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
-    stop, pad = model_ids(model, stop_ids, pad_id)
-    o = Options(max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, pad, stop_strings or (), False)
-    for tokens in decode_rows(model, input_ids, attention_mask, o, seed, generator, use_cache, start_id, compile,
-                              tokenizer, []):
+    d = Decoding(**options)
+    o = d.resolve(model, input_ids, beams=1, keep_logits=False)
+    for tokens in decode_rows(model, input_ids, attention_mask, o, d, []):
         yield torch.tensor(tokens, device=input_ids.device)
 
 
-def generate(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    max_new_tokens: int = 50,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    beams: int = 1,
-    length_penalty: float = 1.0,
-    stop_ids: Sequence[int] | None = None,
-    pad_id: int | None = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    use_cache: bool = True,
-    start_id: int | None = None,
-    output_logits: bool = False,
-    compile: bool | None = None,
-    repetition_penalty: float = 1.0,
-    stop_strings: Sequence[str] | None = None,
-    tokenizer: Any = None,
-) -> GenerationOutput:
+def generate(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, beams: int = 1,
+             length_penalty: float = 1.0, output_logits: bool = False, **options: Any) -> GenerationOutput:
     """Continue each prompt (decoder-only) or translate each source (encoder-decoder) by up to N tokens.
 
     Args:
@@ -330,19 +320,21 @@ def generate(
             ``new_caches``.
         input_ids: (B, P) prompts (decoder) or sources (encoder-decoder), left-padded (``pad_prompts``).
         attention_mask: (B, P) 1 for real tokens, 0 for padding; None when nothing is padded.
+        beams: K > 1 runs beam search (deterministic; no sampling options).
+        length_penalty: beam search ranks finished sequences by log p / length ** length_penalty.
+        output_logits: also return every step's raw logits (B, N, V).
+
+    The other keywords are the fields of ``Decoding``, shared with ``stream`` (defaults there):
         max_new_tokens: N, the most tokens to add to each row.
         temperature: 0 = greedy (argmax); otherwise sample from softmax(logits / temperature).
         top_k: sample only among the k most likely tokens.
         top_p: sample only among the smallest set of tokens whose probability mass is >= top_p.
-        beams: K > 1 runs beam search (deterministic; no sampling options).
-        length_penalty: beam search ranks finished sequences by log p / length ** length_penalty.
         stop_ids: tokens that end a row (kept in the output); default [model.config.eos_id].
         pad_id: fills rows after their stop token; default the model's pad_id, else eos_id, else 0.
         seed: row b samples from its own generator seeded ``seed + b`` (the same row gives the same sample
             whatever else is in the batch); ``generator``: all rows draw from this one stream instead.
         use_cache: False re-runs the whole prefix every step (the reference the cache is tested against).
         start_id: first decoder token of an encoder-decoder (default config.bos_id).
-        output_logits: also return every step's raw logits (B, N, V).
         compile: the engine's prefill and step compiled by ``torch.compile`` once per bucket (CUDA graphs on
             CUDA; generation/engine.py); None = on when the device is CUDA. Same tokens as eager.
         repetition_penalty: θ > 1 makes tokens already in the text (prompt and new tokens) less likely
@@ -350,21 +342,14 @@ def generate(
         stop_strings: end a row once its new text holds one of these strings (kept, like stop tokens), with
             ``tokenizer`` to decode; ``generation.text.cut_at_stop`` trims the text after it.
     """
-    check_options(input_ids, max_new_tokens, temperature, top_k, top_p, beams, repetition_penalty)
-    stop, pad = model_ids(model, stop_ids, pad_id)
-    if beams > 1 and stop_strings:
-        raise LmforgeError("stop_strings: beam search ends on stop tokens only; use greedy or sampling")
-    if stop_strings and tokenizer is None:
-        raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
+    d = Decoding(**options)
+    o = d.resolve(model, input_ids, beams, output_logits)
     if beams > 1:
-        seqs, scores = run_beams(model, input_ids, attention_mask, beams, max_new_tokens, stop, pad,
-                                 length_penalty, use_cache, start_id, wants_compile(compile, input_ids.device))
-        return outputs(seqs, pad, input_ids.device, scores=torch.tensor(scores))
-    o = Options(max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, pad, stop_strings or (),
-                output_logits)
+        seqs, scores = run_beams(model, input_ids, attention_mask, beams, d.max_new_tokens, o.stop, o.pad,
+                                 length_penalty, d.use_cache, d.start_id, wants_compile(d.compile, input_ids.device))
+        return outputs(seqs, o.pad, input_ids.device, scores=torch.tensor(scores))
     record: list[Generation] = []
-    for _ in decode_rows(model, input_ids, attention_mask, o, seed, generator, use_cache, start_id, compile,
-                         tokenizer, record):
+    for _ in decode_rows(model, input_ids, attention_mask, o, d, record):
         pass
     logits = None
     if output_logits:
@@ -374,7 +359,7 @@ def generate(
         for row, g in enumerate(record):
             if g.logits:
                 logits[row, : len(g.logits)] = torch.stack(g.logits)
-    return outputs([g.tokens for g in record], pad, input_ids.device, logits=logits)
+    return outputs([g.tokens for g in record], o.pad, input_ids.device, logits=logits)
 
 
 def outputs(seqs: list[list[int]], pad: int, device: torch.device, **extra: Any) -> GenerationOutput:
