@@ -727,3 +727,19 @@ def test_a_tokenizer_larger_than_the_model_is_refused_on_load(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{tok.vocab_size} tokens but the model only 200 embedding rows" in err, err
+
+
+def test_labels_that_look_like_free_text_get_a_warning(tmp_path, capsys, encoder_dir, labeled):
+    """1,000 distinct labels in 3,000 rows is almost surely the wrong column: training goes on, with a word."""
+    from lmforge.cli import main
+
+    rng = random.Random(2)
+    sparse = tmp_path / "sparse.csv"
+    sparse.write_text("text,label\n" + "".join(f"{' '.join(rng.choices(WORDS, k=4))},id{i % 1000}\n"
+                                               for i in range(3000)))
+    for path, warned in ((sparse, True), (labeled, False)):
+        args = [a for a in finetune_args(encoder_dir, path, tmp_path / path.stem) if a != "--quiet"]
+        assert main([*args[:args.index("--max-steps")], "--max-steps", "1", *args[args.index("--batch-size"):]]) == 0
+        err = capsys.readouterr().err
+        expected = f"lmforge: warning: {path}: 1,000 distinct labels in 3,000 rows (3.0 a label): is the label column"
+        assert (expected in err) is warned and err.count("distinct labels") == int(warned), err

@@ -186,6 +186,24 @@ def label_names(examples: Iterable[Example]) -> list[str]:
     return sorted(names)
 
 
+def sparse_labels(examples: Sequence[Example], source: str) -> str | None:
+    """A warning when the labels look like a column of free text or ids rather than classes: more than 50
+    distinct labels and fewer than 10 examples a class on average; else None.
+
+    >>> rows = [Example("train.csv:2", "some text", label=str(i % 1000)) for i in range(3000)]  # 3 rows a label
+    >>> print(sparse_labels(rows, "train.csv").split(":")[1])
+     1,000 distinct labels in 3,000 rows (3.0 a label)
+    >>> sparse_labels([Example("x", "t", label=str(i % 2)) for i in range(100)], "train.csv") is None
+    True
+    """
+    labelled = [ex.label for ex in examples if ex.label is not None]
+    distinct = len(set(labelled))
+    if distinct <= 50 or len(labelled) >= 10 * distinct:
+        return None
+    return (f"{source}: {distinct:,} distinct labels in {len(labelled):,} rows ({len(labelled) / distinct:.1f} a "
+            "label): is the label column the right one? A classifier learns little from so few examples a class")
+
+
 def check_labels(examples: Sequence[Example], names: Sequence[str]) -> None:
     """Every label must be one training saw: else a one-line error naming the file and line."""
     known = set(names)

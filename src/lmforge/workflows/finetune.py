@@ -111,6 +111,8 @@ def read_examples(args: FinetuneArgs) -> tuple[list, list, list[str]]:
     if len(names) < 2:
         raise LmforgeError(f"{args.train}: every training example has the label {names[0]!r}: a classifier needs "
                            "at least two classes")
+    if warning := tasks.sparse_labels(train_ex, args.train):
+        print(f"lmforge: warning: {warning}", file=sys.stderr)
     eval_ex = tasks.read_task(args.task, args.eval) if args.eval else []
     tasks.check_labels(eval_ex, names)
     return train_ex, eval_ex, names
