@@ -119,7 +119,7 @@ def run_demo(out: str | Path = "runs/demo", options: DemoOptions | None = None) 
 
     o = options or DemoOptions()
     steps, finetune_steps, examples = o.steps, o.finetune_steps, o.examples
-    if o.quick:  # a minute instead of six: fewer steps, no exercises
+    if o.quick:  # a minute and a half instead of six: fewer steps, no exercises
         steps, finetune_steps, examples = min(steps, 150), min(finetune_steps, 20), None
     max_new_tokens, seed = o.max_new_tokens, o.seed
     folder = check_examples(Path(examples)) if examples else None

@@ -131,7 +131,7 @@ class TranslateOptions:
 
 @dataclass
 class DemoOptions:
-    """The demo's sizes (``--quick``: about a minute)."""
+    """The demo's sizes (``--quick``: about a minute and a half on 2 cores)."""
 
     steps: int = setting(1500, "pretraining steps", min=1, metavar="N")
     max_new_tokens: int = setting(120, "tokens generated at the end", min=1, metavar="N")
@@ -139,7 +139,7 @@ class DemoOptions:
     seed: int = setting(0, "random seed")
     examples: str | None = setting(None, "a folder holding the course's exercises (examples/ of a checkout: make demo "
                                    "passes it) to run first; default: none", metavar="DIR")
-    quick: bool = setting(False, "about a minute: 150 pretraining steps, 20 LoRA steps, no exercises")
+    quick: bool = setting(False, "about 90 s: 150 pretraining steps, 20 LoRA steps, no exercises")
 
 
 @dataclass
