@@ -743,3 +743,46 @@ def test_labels_that_look_like_free_text_get_a_warning(tmp_path, capsys, encoder
         err = capsys.readouterr().err
         expected = f"lmforge: warning: {path}: 1,000 distinct labels in 3,000 rows (3.0 a label): is the label column"
         assert (expected in err) is warned and err.count("distinct labels") == int(warned), err
+
+
+FULL_DISK_COMMANDS = {  # every command that writes files, its output inside the full disk {d}
+    "tokenizer train": "tokenizer train --kind byte-bpe --vocab-size 300 --out {d}/tok {corpus}",
+    "data prepare": "data prepare --tokenizer {encoder} --out {d}/shards {corpus}",
+    "pretrain": "pretrain --config {recipe} --out {d}/run",
+    "finetune": "finetune --model {encoder} --task seq-cls --train {labeled} --out {d}/ft --strategy full "
+                "--max-steps 2 --batch-size 8 --no-progress",
+    "convert --to-hf": "convert --to-hf {encoder} --out {d}/hf",
+    "embed --out": "embed --model {encoder} --out {d}/vectors.npy the king rode out",
+    "attention --out": "attention --model {encoder} --text 'the king rode out at dawn' --out {d}/page.html",
+}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs to fill needs root")
+@pytest.mark.parametrize("command", FULL_DISK_COMMANDS)
+def test_every_writing_command_on_a_full_disk_says_so_in_one_line_and_leaves_no_partial_file(
+        tmp_path, capsys, command, corpus, encoder_dir, labeled, recipe_file):
+    """A disk with 2 KiB left: each command fails in one line naming the lack of space, and what it leaves
+    behind is only whole files (no empty or temporary one, nothing truncated that claims to be complete)."""
+    import shlex
+
+    from lmforge.cli import main
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)]).returncode:
+        pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN in this container)")
+    try:
+        stat = os.statvfs(disk)
+        (disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 2048))
+        argv = shlex.split(FULL_DISK_COMMANDS[command].format(d=disk, corpus=corpus, encoder=encoder_dir,
+                                                              labeled=labeled, recipe=recipe_file))
+        code = main([*argv, "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith("lmforge: error: "), err
+        assert "no space left" in err[0].lower(), err[0]
+        left = [p for p in disk.rglob("*") if p.is_file() and p.name != "filler"]
+        # (the run lock, .lock, is an empty file by design: the kernel holds the lock, not its content)
+        partial = [p.name for p in left if (p.stat().st_size == 0 and p.name != ".lock") or ".tmp" in p.name]
+        assert partial == [], (err, [(p.name, p.stat().st_size) for p in left])
+    finally:
+        subprocess.run(["umount", str(disk)])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -47,9 +48,17 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp's 0600 would make every output private to its writer
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if disk_full(err):
+            raise LmforgeError(f"{path}: no space left on the device; nothing was written there (a previous "
+                               f"{path.name}, if any, is intact): free some space and run the command again") from None
         raise
+
+
+def disk_full(err: BaseException) -> bool:
+    """A write refused for want of space or quota (torch and safetensors report it in their own exceptions)."""
+    return getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(err)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:

@@ -20,6 +20,7 @@ import threading
 from lmforge import __version__
 from lmforge.cli.common import Parser, resolve_settings
 from lmforge.errors import LmforgeError, Stopped
+from lmforge.files import disk_full
 
 # Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
 COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate", "chat", "serve", "translate",
@@ -101,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141
-    except OSError as err:  # the file system said no (permissions, a directory for a file, ...)
-        if err.filename is None:
+    except OSError as err:  # the file system said no (permissions, a directory for a file, a full disk, ...)
+        if err.filename is None and not disk_full(err):
             raise
-        print(f"lmforge: error: {err.filename}: {err.strerror}", file=sys.stderr)
+        print(f"lmforge: error: {err.filename or 'writing'}: {err.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lmforge: interrupted", file=sys.stderr)

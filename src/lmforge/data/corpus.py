@@ -193,7 +193,8 @@ class Split:
     line_lengths: list[int]
     doc_lines: list[int]
 
-    def write(self, out: Path, name: str, dtype: np.dtype) -> dict[str, int]:
+    def write(self, out: Path, name: str, dtype: np.dtype, written: list[Path]) -> dict[str, int]:
+        """The split's three files, each atomically; ``written`` gets each path once it is in place."""
         if len(self.tokens) == 1:  # one long document: no copy
             tokens = self.tokens[0].astype(dtype, copy=False)
         else:
@@ -202,18 +203,27 @@ class Split:
         docs = np.concatenate([[0], np.cumsum(self.doc_lines, dtype=np.int64)]).astype(np.int64)
         with atomic_path(out / f"{name}.tokens") as tmp:
             tokens.tofile(tmp)  # no in-memory copy of a large shard
-        _atomic_save_npy(out / f"{name}.lines.npy", lines)
-        _atomic_save_npy(out / f"{name}.docs.npy", docs)
+        written.append(out / f"{name}.tokens")
+        for suffix, array in ((".lines.npy", lines), (".docs.npy", docs)):
+            _atomic_save_npy(out / f"{name}{suffix}", array)
+            written.append(out / f"{name}{suffix}")
         return {"tokens": int(tokens.size), "lines": len(self.line_lengths), "documents": len(self.doc_lines)}
 
 
 def write_splits(splits: dict[str, Split], out: Path, dtype: np.dtype) -> dict[str, dict[str, int]]:
-    """Write every split; a full disk is one line naming the directory and the size needed."""
+    """Write every split; a full disk is one line naming the directory and the size needed. A failure removes
+    the shard files this call had written: without all of them (and the manifest, written last) they are no
+    corpus, and an older corpus's files that were not yet replaced stay as they were."""
+    written: list[Path] = []
     try:
-        return {name: split.write(out, name, dtype) for name, split in splits.items()}
-    except OSError as err:  # numpy's tofile reports a short write without an errno
+        return {name: split.write(out, name, dtype, written) for name, split in splits.items()}
+    except BaseException as err:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if not isinstance(err, OSError):
+            raise
         need = sum(sum(t.size for t in split.tokens) for split in splits.values()) * dtype.itemsize
-        if err.errno != errno.ENOSPC and shutil.disk_usage(out).free >= need:
+        if err.errno != errno.ENOSPC and shutil.disk_usage(out).free >= need:  # numpy's short write has no errno
             raise
         raise LmforgeError(f"{out}: no space left on the device while writing the corpus shards (about "
                            f"{need / 2**20:.1f} MiB needed)") from None

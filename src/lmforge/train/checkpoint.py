@@ -33,7 +33,6 @@ for the optimizer, JSON for the rest (RNG states as base64 or integer lists).
 from __future__ import annotations
 
 import base64
-import errno
 import json
 import os
 import random
@@ -48,7 +47,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import disk_full, write_text_atomic
 from lmforge.manifest import verify_manifest, write_manifest
 from lmforge.models.registry import load_tensors_only, untied
 from lmforge.train.logs import info
@@ -193,8 +192,7 @@ def save_checkpoint(
     except (OSError, RuntimeError, SafetensorError) as err:  # torch.save reports a full disk as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         need = _state_bytes(weights) + _state_bytes(optimizer_state)
-        full = getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err)
-        if not (full or shutil.disk_usage(root).free < need):
+        if not (disk_full(err) or shutil.disk_usage(root).free < need):
             raise
         raise LmforgeError(f"{root}: no space left on the device while saving {step_name(step)} (it needs about "
                            f"{need / 2**20:.1f} MiB); free space or lower train.keep_last; the previous "
