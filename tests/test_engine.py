@@ -229,3 +229,41 @@ def test_a_padded_vocabulary_changes_no_logit_and_exports_unpadded(tmp_path):
     hf = transformers.GPT2LMHeadModel.from_pretrained(convert_to_hf(padded, tmp_path / "hf")).eval()
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, plain(ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt"])
+def test_one_steps_arrivals_are_prefilled_together_and_each_gets_what_it_gets_alone(kind, llama, gpt):
+    """Twelve prompts submitted at once: one prefill call per prompt-width bucket (not one per request), and
+    every answer, greedy or seeded, bit-identical to the request alone."""
+    model = llama if kind == "llama" else gpt
+    work = [[(7 * k + j) % 90 + 5 for j in range(3 + (k % 4) * 5)] for k in range(12)]  # 3 to 18 tokens
+    settings = [dict(max_new_tokens=8, stop_ids=[]) if k % 2 else
+                dict(max_new_tokens=8, stop_ids=[], temperature=0.9, top_k=20, seed=k) for k in range(12)]
+    engine = Engine(model, slots=16)
+    calls = []
+    prefill = engine.prefill
+    engine.prefill = lambda slots, ids: calls.append(len(slots)) or prefill(slots, ids)
+    handles = [engine.submit(Request(ids, **s)) for ids, s in zip(work, settings, strict=True)]
+    engine.run()
+    widths = {bucket(len(ids), engine.prompt_buckets) for ids in work}
+    assert sorted(calls) == sorted(sum(bucket(len(ids), engine.prompt_buckets) == w for ids in work)
+                                   for w in widths) and len(calls) == len(widths) < len(work)
+    assert [g.tokens for g in handles] == [alone(model, ids, **s) for ids, s in zip(work, settings, strict=True)]
+
+
+def test_a_failing_prefill_in_a_group_ends_only_its_own_request(gpt):
+    """The group is retried one by one: the request whose prefill fails ends with "error", the others answer."""
+    engine = Engine(gpt, slots=8)
+    prefill = engine.prefill
+
+    def failing(slots, ids):
+        if any(row[0] == 66 for row in ids):
+            raise RuntimeError("bad prompt")
+        return prefill(slots, ids)
+
+    engine.prefill = failing
+    work = [[5, 6, 7], [66, 6, 7], [9, 6, 7]]
+    handles = [engine.submit(Request(ids, max_new_tokens=4, stop_ids=[])) for ids in work]
+    engine.run()
+    assert [g.finish_reason for g in handles] == ["length", "error", "length"]
+    assert "bad prompt" in handles[1].error and handles[0].tokens == alone(gpt, work[0], max_new_tokens=4, stop_ids=[])

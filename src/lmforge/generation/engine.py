@@ -198,18 +198,19 @@ class Engine:
             for i in self.active:
                 if self.slots[i].generation.cancelled:
                     self.finish(i, "cancelled")
-            while self.waiting and None in self.slots:
+            arrivals = []  # (slot, generation): what enters this step
+            free = [i for i, slot in enumerate(self.slots) if slot is None]
+            while self.waiting and len(arrivals) < len(free):
                 with self.lock:
                     generation = self.waiting.popleft()
                 if generation.cancelled:
                     end(generation, "cancelled")
-                    continue
-                i = self.slots.index(None)
-                try:
-                    self.admit(i, generation)
-                except Exception as err:  # this request only
-                    self.slots[i] = None
-                    end(generation, "error", f"{type(err).__name__}: {err}")
+                elif generation.request.max_new_tokens == 0:
+                    end(generation, "length")
+                else:
+                    arrivals.append((free[len(arrivals)], generation))
+            for group in self.prefill_groups(arrivals):
+                self.admit(group)
             if self.active:
                 try:
                     self.decode()
@@ -217,14 +218,40 @@ class Engine:
                     for i in self.active:
                         self.finish(i, "error", f"{type(err).__name__}: {err}")
 
-    def admit(self, i: int, generation: Generation) -> None:
-        """Prefill a request into slot i and emit its first token."""
-        r = generation.request
-        if r.max_new_tokens == 0:
-            end(generation, "length")
+    def prefill_groups(self, arrivals: list[tuple[int, Generation]]) -> list[list[tuple[int, Generation]]]:
+        """The arrivals of one step in groups prefilled together: a decoder's prompts of the same width bucket
+        (each row then has the shapes it has alone, so the same bits); one at a time when compiled (one graph
+        per prompt bucket) or for an encoder-decoder."""
+        if self.compile or self.seq2seq:
+            return [[a] for a in arrivals]
+        groups: dict[int, list[tuple[int, Generation]]] = {}
+        for i, g in arrivals:
+            groups.setdefault(bucket(len(g.request.ids), self.prompt_buckets), []).append((i, g))
+        return list(groups.values())
+
+    def admit(self, group: list[tuple[int, Generation]]) -> None:
+        """Prefill requests into their slots in one model call and emit their first tokens. An error in a group
+        of several retries them one by one, so that it ends only the request that causes it."""
+        try:
+            logits = self.prefill([i for i, _ in group], [g.request.ids for _, g in group])  # (B, V)
+        except Exception as err:
+            if len(group) > 1:
+                for one in group:
+                    self.admit([one])
+                return
+            end(group[0][1], "error", f"{type(err).__name__}: {err}")
             return
+        for (i, generation), row in zip(group, logits, strict=True):
+            try:
+                self.start(i, generation, row[None])
+            except Exception as err:  # this request only
+                self.slots[i] = None
+                end(generation, "error", f"{type(err).__name__}: {err}")
+
+    def start(self, i: int, generation: Generation, logits: torch.Tensor) -> None:
+        """Slot i takes a prefilled request: its stops, sampling settings and first token (logits (1, V))."""
+        r = generation.request
         n = len(r.ids)
-        logits = self.prefill(i, r.ids)
         length = 1 if self.seq2seq else n  # the columns written: the start token, or the prompt
         eos = self.model.config.eos_id
         stops = frozenset(r.stop_ids if r.stop_ids is not None else [eos] if eos is not None else [])
@@ -251,15 +278,20 @@ class Engine:
             self.emit(i, token, row)
 
     # -- the two model calls ----------------------------------------------------------------------------------
-    def prefill(self, i: int, ids: Sequence[int]) -> torch.Tensor:
-        """Write a prompt (or a source and the start token) into slot i; the next-token logits (1, V)."""
-        n = len(ids)
-        width = bucket(n, self.prompt_buckets)
-        padded = torch.full((1, width), self.pad_id, dtype=torch.long, device=self.device)  # (1, P_b)
-        padded[0, :n] = torch.as_tensor(list(ids), dtype=torch.long)
-        layers = self.caches.prefill(torch.tensor([i], device=self.device))
+    def prefill(self, slots: list[int], prompts: list[Sequence[int]]) -> torch.Tensor:
+        """Write prompts (a decoder's, of one width bucket) or one source and the start token into their slots;
+        the next-token logits (B, V)."""
+        width = bucket(max(map(len, prompts)), self.prompt_buckets)
+        padded = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (B, P_b) right-padded
+        for row, ids in enumerate(prompts):
+            padded[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+        padded = padded.to(self.device)
+        layers = self.caches.prefill(torch.tensor(slots, device=self.device))
         if not self.seq2seq:
-            return self.prefill_fn(self.model, layers, padded, torch.tensor([n - 1], device=self.device))
+            last = torch.tensor([len(ids) - 1 for ids in prompts], device=self.device)  # (B,)
+            return self.prefill_fn(self.model, layers, padded, last)
+        (i,), (ids,) = slots, prompts
+        n = len(ids)
         self.src_mask[i] = False
         self.src_mask[i, :n] = True
         start = torch.full((1, 1), self.start_id, dtype=torch.long, device=self.device)
@@ -337,7 +369,7 @@ class SlotSteps:
         e, rows = self.engine, []
         with torch.inference_mode():
             for i, ids in enumerate(self.prompts):
-                rows.append(e.prefill(i, ids))
+                rows.append(e.prefill([i], [ids]))
                 self.lengths.append(1 if e.seq2seq else len(ids))
                 self.sources.append(len(ids))
         return torch.cat(rows)  # (B, V)
@@ -365,7 +397,7 @@ def arange(n: int, device: torch.device) -> torch.Tensor:
 
 # -- the model calls, compiled once per bucket ---------------------------------------------------------------------
 def decoder_prefill(model: nn.Module, caches: list, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """ids (1, P_b) right-padded -> the next-token logits after the last real token (1, V)."""
+    """ids (B, P_b) right-padded, last (B,) -> the next-token logits after each row's last real token (B, V)."""
     return model(ids, caches=caches, logit_positions=last).logits[:, -1]
 
 

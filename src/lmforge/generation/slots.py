@@ -76,7 +76,7 @@ class SlotKV:
         self.k = torch.zeros(slots, heads, capacity, d_k, dtype=dtype, device=device)
         self.v = torch.zeros(slots, heads, capacity, d_v, dtype=dtype, device=device)
         self.prefilling = True
-        self.rows: torch.Tensor | None = None  # prefill: the slot (1,); step: arange(S_b)
+        self.rows: torch.Tensor | None = None  # prefill: the slots (B,); step: arange(S_b)
         self.columns: torch.Tensor | None = None  # step: lengths (S_b,), where each row's new token goes
         self.view: tuple[int, int] = (0, 0)  # step: (S_b, C_b), the part the attention reads
         self.length = 0  # the attention's count of cached positions: a cross cache reads "filled" when > 0
@@ -89,14 +89,14 @@ class SlotKV:
         self.prefilling, self.rows, self.columns, self.view, self.length = False, rows, columns, view, int(filled)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill: k, v (1, H_kv, P, d) into the slot's columns [0, P), returned as they are.
+        """Prefill: k, v (B, H_kv, P, d) into columns [0, P) of the B slots, returned as they are.
         Step: k, v (S_b, H_kv, 1, d) at each row's column; returns the rows' first C_b columns (S_b, H_kv, C_b, d)."""
         if self.prefilling:
-            n = k.shape[2]
-            rows = self.rows.expand(n)  # (P,) the same slot for every column
-            columns = torch.arange(n, device=k.device)
-            self.k[rows, :, columns] = k[0].transpose(0, 1)  # (P, H_kv, d) into k[slot, :, p]
-            self.v[rows, :, columns] = v[0].transpose(0, 1)
+            b, n = k.shape[0], k.shape[2]
+            rows = self.rows[:, None].expand(b, n)  # (B, P): row b's slot for every column
+            columns = torch.arange(n, device=k.device)[None, :].expand(b, n)  # (B, P)
+            self.k[rows, :, columns] = k.transpose(1, 2)  # (B, P, H_kv, d) into k[slot_b, :, p]
+            self.v[rows, :, columns] = v.transpose(1, 2)
             return k, v
         self.k[self.rows, :, self.columns] = k[:, :, 0]  # (S_b, H_kv, d) into k[b, :, lengths[b]]
         self.v[self.rows, :, self.columns] = v[:, :, 0]
