@@ -9,7 +9,9 @@ lmforge's Decoder with its LoRA on padded rows (one conversation per row, as pef
 (its default: several conversations per row, attention kept inside each); transformers' LlamaForCausalLM with
 peft's LoRA on the padded rows. Both get the same token ids and assistant-only labels (lmforge's tokenizer is
 identical to transformers' on this model: tests/test_gguf.py) and the same float32 weights (the GGUF converted
-once to an lmforge and a Hugging Face folder). trl's SFTTrainer runs on its own pipeline (its own tokenization
+once to an lmforge and a Hugging Face folder). lmforge's forward gets ``loss_only=True``, as ``finetune --task chat``
+gives it: the LM head runs on the assistant's tokens only (the positions with a target), the same loss.
+trl's SFTTrainer runs on its own pipeline (its own tokenization
 and collation, no packing) and is timed from its step callbacks. Then ``lmforge finetune --task chat`` end to
 end (its trainer: checkpoints, logging) for what a user sees.
 
@@ -87,7 +89,7 @@ def lmforge_loop(folder: Path, plan: list, steps: int) -> dict:
     model, _ = lmforge.load(folder)
     model = apply_decoder_strategy(model, StrategySpec(strategy="lora", lora_r=R, lora_alpha=ALPHA, lora_dropout=0.0,
                                                        lora_targets=list(LORA_TARGETS)))
-    return timed_loop(model, plan, steps)
+    return timed_loop(model, plan, steps, loss_only=True)  # what `finetune --task chat` does
 
 
 def packed_batches(encoded, batch_size: int, pad: int):
@@ -99,14 +101,15 @@ def packed_batches(encoded, batch_size: int, pad: int):
         yield batch, sum(len(r.ids) for r in rows[start: start + batch_size])
 
 
-def timed_loop(model, plan: list, steps: int) -> dict:
-    """forward + backward + AdamW over ``plan``'s batches, cycling; the first step is the warm-up."""
+def timed_loop(model, plan: list, steps: int, **forward) -> dict:
+    """forward + backward + AdamW over ``plan``'s batches, cycling; the first step is the warm-up. ``forward``:
+    more keywords of the model's forward (lmforge: ``loss_only``, the LM head on the assistant's tokens only)."""
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     tokens, start = 0, None
     for step in range(steps + 1):
         batch, n = plan[step % len(plan)]
-        loss = model(**batch).loss  # both shift the labels themselves
+        loss = model(**batch, **forward).loss  # both shift the labels themselves
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -214,3 +214,27 @@ def test_the_course_example_learns_to_answer_held_out_sums(tmp_path, capsys):
     assert result["added"] == 2 and result["last"] < result["first"] - 0.3
     assert result["right"] >= 15, result  # of 20 held-out questions; 0 before tuning (no chat format at all)
     assert "held-out questions answered exactly" in capsys.readouterr().out
+
+
+def test_loss_only_scores_the_same_targets_with_the_same_gradients():
+    """``loss_only`` computes the LM head on the labelled positions only: the loss and every gradient equal the
+    full (B, T, V) computation (float64), with packed segments and a row without any target."""
+    torch.manual_seed(0)
+    model = tiny_llama(97, dtype=torch.float64)
+    ids = torch.randint(3, 97, (3, 12))
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[0, 4:9], labels[1, 2:4], labels[1, 8:] = ids[0, 4:9], ids[1, 2:4], ids[1, 8:]  # row 2: no target
+    segments = torch.tensor([[0] * 6 + [1] * 6, [0] * 12, [0] * 4 + [1] * 8])
+    positions = torch.cat([torch.arange(6), torch.arange(6)]).repeat(3, 1)
+    batch = dict(input_ids=ids, labels=labels, segment_ids=segments, position_ids=positions)
+    full = model(**batch)
+    full.loss.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    sparse = model(**batch, loss_only=True)
+    sparse.loss.backward()
+    n_targets = int((labels[:, 1:] != IGNORE_INDEX).sum())
+    assert sparse.logits.shape == (n_targets, 97) and full.logits.shape == (3, 12, 97)
+    torch.testing.assert_close(sparse.loss, full.loss, rtol=1e-12, atol=1e-12)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-10, atol=1e-12, msg=n)

@@ -21,9 +21,18 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from lmforge.models.common import check_ids, check_length, init_weights, next_token_loss, padding_mask
+from lmforge.models.common import (
+    IGNORE_INDEX,
+    check_ids,
+    check_length,
+    init_weights,
+    next_token_loss,
+    padding_mask,
+    token_loss,
+)
 from lmforge.models.config import DecoderConfig
 from lmforge.models.heads import LMHead
 from lmforge.models.outputs import ModelOutput
@@ -93,6 +102,7 @@ class Decoder(nn.Module):
         logits_to_keep: int = 0,
         logit_positions: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        loss_only: bool = False,
     ) -> ModelOutput:
         """input_ids (B, T): the new tokens (all of them without a cache).
 
@@ -106,6 +116,9 @@ class Decoder(nn.Module):
             token of a right-padded prompt (the decoding engine's prefill).
         segment_ids: (B, T) which packed sequence each position belongs to (data/chat.py): a position attends only
             within its own segment (block-diagonal causal attention); pass position_ids restarting per segment.
+        loss_only: with labels, compute the logits of the N positions that have a target only, (N, V): the same
+            loss, and the LM head's work (V columns a position) shrinks to what is scored (instruction tuning
+            labels only the assistant's tokens). Training steps only: metrics that need (B, T, V) get none.
         hidden_states follow Hugging Face: (embeddings, layer 1, ..., layer L-1, LN_f(layer L)).
         """
         check_ids(input_ids)
@@ -136,7 +149,11 @@ class Decoder(nn.Module):
         h = self.norm_f(h)  # (B, T, D)
         hidden[-1] = h
         scored = h  # the positions whose logits are computed
-        if logit_positions is not None:  # (B, 1, D): row b's hidden state at logit_positions[b]
+        targets = None
+        if loss_only and labels is not None:  # (N, D): the positions whose next token is a target
+            targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T) the target of each position
+            scored = h[targets != IGNORE_INDEX]
+        elif logit_positions is not None:  # (B, 1, D): row b's hidden state at logit_positions[b]
             scored = h.gather(1, logit_positions.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
         elif logits_to_keep:
             scored = h[:, -logits_to_keep:]  # (B, n, D)
@@ -145,7 +162,10 @@ class Decoder(nn.Module):
             logits = logits[..., : self.config.vocab_size]
         if self.config.logit_softcap is not None:
             logits = soft_cap(logits, self.config.logit_softcap)
-        loss = next_token_loss(logits, labels) if labels is not None else None
+        if targets is not None:
+            loss = token_loss(logits, targets[targets != IGNORE_INDEX])
+        else:
+            loss = next_token_loss(logits, labels) if labels is not None else None
         return ModelOutput(
             logits=logits,
             loss=loss,

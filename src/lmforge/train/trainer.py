@@ -127,6 +127,8 @@ class Trainer:
         policy says which sections a resumed run must keep (without it, only ``train:`` may change).
     tokenizer_dir, model_info: where the run's tokenizer is and more config.json fields (a classifier's
         labels); each checkpoint's config.json holds them, so that a checkpoint is a model directory.
+    forward_options: more keyword arguments of the model's forward on training steps (not on evaluation), e.g.
+        ``{"loss_only": True}`` for a decoder whose labels cover a few positions.
     """
 
     def __init__(
@@ -140,8 +142,10 @@ class Trainer:
         tokenizer_dir: str | Path | None = None,
         model_info: dict[str, Any] | None = None,
         schema: Recipe | None = None,
+        forward_options: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.source, self.config = model, source, config
+        self.forward_options = dict(forward_options or {})
         self.tokenizer_dir, self.model_info = tokenizer_dir, model_info
         self.run_dir = Path(run_dir)
         self.callbacks = list(callbacks or [])
@@ -348,7 +352,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for i, batch in enumerate(batches.micro):
             with D.no_sync(self.wrapped, skip=i < cfg.grad_accum - 1), self._autocast():
-                out = self.forward_model(**batch)
+                out = self.forward_model(**batch, **self.forward_options)
                 if getattr(out, "loss", None) is None:
                     raise LmforgeError("the model returned no loss: does the batch carry labels?")
                 loss_i = out.loss  # () mean over this micro-batch's targets

@@ -154,7 +154,8 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     recipe = {"finetune": {k: v for k, v in asdict(args).items() if k not in ("progress", "out")}}
     clock = LastStepClock()
     trainer = Trainer(model, source, config, out / "run", callbacks=[clock] + ([best] if best else []),
-                      recipe=recipe, schema=FINETUNE, model_info={"task": "chat"})
+                      recipe=recipe, schema=FINETUNE, model_info={"task": "chat"},
+                      forward_options={"loss_only": True})  # only the assistant's tokens are scored
     start = time.perf_counter()
     result = trainer.fit()
     train_s = (clock.last or time.perf_counter()) - start
