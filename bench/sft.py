@@ -1,10 +1,11 @@
 """Chat fine-tuning speed: lmforge's LoRA SFT beside transformers + peft (and trl's SFTTrainer when it installs)
 on SmolLM2-135M-Instruct, the same conversations, LoRA rank and attention targets, in one run.
 
-    python bench/sft.py [--conversations 64] [--steps 8] [--batch-size 4] [--threads 2]
+    python bench/sft.py [--conversations 64] [--steps 8] [--batch-size 4] [--threads 2] [--rounds 3]
 
 Tokens/s counts the real tokens (no padding) each framework pushes through forward + backward + AdamW per
-second, after one warm-up step, with the model already loaded, in this process, the same loop for both:
+second, after one warm-up step, with the model already loaded, in this process, the same loop for both, in
+alternated rounds (the median round is reported):
 lmforge's Decoder with its LoRA on padded rows (one conversation per row, as peft gets them) and on packed rows
 (its default: several conversations per row, attention kept inside each); transformers' LlamaForCausalLM with
 peft's LoRA on the padded rows. Both get the same token ids and assistant-only labels (lmforge's tokenizer is
@@ -73,23 +74,21 @@ def hf_model():
     return AutoModelForCausalLM.from_pretrained(HF_DIR, dtype=torch.float32)
 
 
-def peft_run(encoded, args, pad: int) -> dict:
+def peft_lora():
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(hf_model(), LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,
-                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-    return timed_loop(model, list(batches(encoded, args.batch_size, pad)), args.steps)
+    return get_peft_model(hf_model(), LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 
 
-def lmforge_loop(folder: Path, plan: list, steps: int) -> dict:
+def lmforge_lora(folder: Path):
     import lmforge
     from lmforge.models.strategies import StrategySpec, apply_decoder_strategy
     from lmforge.nn.lora import LORA_TARGETS
 
     model, _ = lmforge.load(folder)
-    model = apply_decoder_strategy(model, StrategySpec(strategy="lora", lora_r=R, lora_alpha=ALPHA, lora_dropout=0.0,
-                                                       lora_targets=list(LORA_TARGETS)))
-    return timed_loop(model, plan, steps, loss_only=True)  # what `finetune --task chat` does
+    return apply_decoder_strategy(model, StrategySpec(strategy="lora", lora_r=R, lora_alpha=ALPHA, lora_dropout=0.0,
+                                                      lora_targets=list(LORA_TARGETS)))
 
 
 def packed_batches(encoded, batch_size: int, pad: int):
@@ -105,7 +104,8 @@ def timed_loop(model, plan: list, steps: int, **forward) -> dict:
     """forward + backward + AdamW over ``plan``'s batches, cycling; the first step is the warm-up. ``forward``:
     more keywords of the model's forward (lmforge: ``loss_only``, the LM head on the assistant's tokens only)."""
     model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    opt = model.__dict__.setdefault("_bench_opt", torch.optim.AdamW([p for p in model.parameters()
+                                                                       if p.requires_grad], lr=LR))
     tokens, start = 0, None
     for step in range(steps + 1):
         batch, n = plan[step % len(plan)]
@@ -158,6 +158,7 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of each loop; the median is shown")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trl", action="store_true", help="also time trl's SFTTrainer (slow on CPU: see the docs)")
     args = parser.parse_args()
@@ -186,14 +187,20 @@ def main() -> None:
     def show(name: str) -> None:
         print(f"{name:28} {rows[name]['tokens_per_s']:8.1f} tokens/s", flush=True)
 
-    rows["lmforge, padded rows"] = lmforge_loop(work / "lmforge", list(batches(encoded, args.batch_size, pad)),
-                                                args.steps)
-    show("lmforge, padded rows")
-    rows["lmforge, packed rows"] = lmforge_loop(work / "lmforge", list(packed_batches(encoded, args.batch_size, pad)),
-                                                args.steps)
-    show("lmforge, packed rows")
-    rows["transformers+peft"] = peft_run(encoded, args, pad)
-    show("transformers+peft")
+    ours, theirs = lmforge_lora(work / "lmforge"), peft_lora()
+    padded = list(batches(encoded, args.batch_size, pad))
+    packed = list(packed_batches(encoded, args.batch_size, pad))
+    runs = {"lmforge, padded rows": lambda: timed_loop(ours, padded, args.steps, loss_only=True),  # as finetune does
+            "transformers+peft": lambda: timed_loop(theirs, padded, args.steps),
+            "lmforge, packed rows": lambda: timed_loop(ours, packed, args.steps, loss_only=True)}
+    rounds: dict[str, list[dict]] = {name: [] for name in runs}
+    for r in range(args.rounds):  # alternated, so that a slow spell of the machine hits every row alike
+        for name, run in runs.items():
+            rounds[name].append(run())
+            print(f"  round {r + 1}: {name:24} {rounds[name][-1]['tokens_per_s']:8.1f} tokens/s", flush=True)
+    for name, got in rounds.items():
+        rows[name] = sorted(got, key=lambda x: x["tokens_per_s"])[len(got) // 2]  # the median round
+        show(name)
     try:
         if args.trl:
             rows["trl SFTTrainer"] = trl_run(conversations, args)

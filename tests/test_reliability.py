@@ -754,13 +754,30 @@ FULL_DISK_COMMANDS = {  # every command that writes files, its output inside the
     "convert --to-hf": "convert --to-hf {encoder} --out {d}/hf",
     "embed --out": "embed --model {encoder} --out {d}/vectors.npy the king rode out",
     "attention --out": "attention --model {encoder} --text 'the king rode out at dawn' --out {d}/page.html",
+    "translate --out": "translate --model {s2s} --eval {pairs} --out {d}/translations.txt",
+    "translate --align": "translate --model {s2s} 'the king' --align {d}/align.png",
 }
+
+
+@pytest.fixture(scope="module")
+def s2s_dir(tmp_path_factory, corpus) -> Path:
+    from lmforge.models import Seq2Seq, Seq2SeqConfig, save_pretrained
+    from lmforge.tokenizers import ByteLevelBPETokenizer
+
+    out = tmp_path_factory.mktemp("s2s") / "model"
+    tok = ByteLevelBPETokenizer.train([corpus.read_text()], vocab_size=280, min_frequency=1)
+    torch.manual_seed(0)
+    config = Seq2SeqConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                           n_decoder_layers=1, max_positions=64, bos_id=tok.eos_id, eos_id=tok.eos_id, pad_id=0)
+    save_pretrained(Seq2Seq(config), out, tok)
+    (out.parent / "pairs.tsv").write_text("the king\tel rey\nthe queen\tla reina\n")
+    return out
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs to fill needs root")
 @pytest.mark.parametrize("command", FULL_DISK_COMMANDS)
 def test_every_writing_command_on_a_full_disk_says_so_in_one_line_and_leaves_no_partial_file(
-        tmp_path, capsys, command, corpus, encoder_dir, labeled, recipe_file):
+        tmp_path, capsys, command, corpus, encoder_dir, labeled, recipe_file, s2s_dir):
     """A disk with 2 KiB left: each command fails in one line naming the lack of space, and what it leaves
     behind is only whole files (no empty or temporary one, nothing truncated that claims to be complete)."""
     import shlex
@@ -775,14 +792,14 @@ def test_every_writing_command_on_a_full_disk_says_so_in_one_line_and_leaves_no_
         stat = os.statvfs(disk)
         (disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 2048))
         argv = shlex.split(FULL_DISK_COMMANDS[command].format(d=disk, corpus=corpus, encoder=encoder_dir,
-                                                              labeled=labeled, recipe=recipe_file))
+                                                              labeled=labeled, recipe=recipe_file, s2s=s2s_dir,
+                                                              pairs=s2s_dir.parent / "pairs.tsv"))
         code = main([*argv, "--quiet"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and err[0].startswith("lmforge: error: "), err
         assert "no space left" in err[0].lower(), err[0]
         left = [p for p in disk.rglob("*") if p.is_file() and p.name != "filler"]
-        # (the run lock, .lock, is an empty file by design: the kernel holds the lock, not its content)
-        partial = [p.name for p in left if (p.stat().st_size == 0 and p.name != ".lock") or ".tmp" in p.name]
+        partial = [p.name for p in left if p.stat().st_size == 0 or ".tmp" in p.name]
         assert partial == [], (err, [(p.name, p.stat().st_size) for p in left])
     finally:
         subprocess.run(["umount", str(disk)])

@@ -53,10 +53,16 @@ class RunLock:
                 f.close()
                 raise LmforgeError(f"{self.path.parent}: in use by another lmforge run (pid {holder}); wait for "
                                    "it to finish or choose another --out") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+        except OSError as err:  # a full disk: no empty lock file left behind, the lock let go
+            self.path.unlink(missing_ok=True)
+            f.close()
+            raise LmforgeError(f"{self.path}: cannot write the run's lock ({err.strerror}); free some space and run "
+                               "the command again") from None
         _HELD[self.path] = [f, 1]
         return self
 

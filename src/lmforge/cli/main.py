@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:  # the file system said no (permissions, a directory for a file, a full disk, ...)
         if err.filename is None and not disk_full(err):
             raise
-        print(f"lmforge: error: {err.filename or 'writing'}: {err.strerror}", file=sys.stderr)
+        where = err.filename or "a write failed"
+        print(f"lmforge: error: {where}: {err.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lmforge: interrupted", file=sys.stderr)

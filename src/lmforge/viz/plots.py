@@ -28,12 +28,16 @@ def pyplot():
 
 
 def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
-    """Write ``fig`` to ``path`` (folders created) and close it."""
+    """Write ``fig`` to ``path`` atomically (folders created; the format from the suffix) and close it."""
+    from lmforge.files import atomic_path
+
     plt = pyplot()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or None)
+    finally:
+        plt.close(fig)
     return path
 
 
