@@ -20,7 +20,6 @@ import threading
 from lmforge import __version__
 from lmforge.cli.common import Parser, resolve_settings
 from lmforge.errors import LmforgeError, Stopped
-from lmforge.files import disk_full
 
 # Command-group modules (lmforge.cli.<name>), in the order `lmforge --help` lists them.
 COMMAND_GROUPS = ["demo", "tokenizer", "data", "pretrain", "convert", "generate", "chat", "serve", "translate",
@@ -103,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141
     except OSError as err:  # the file system said no (permissions, a directory for a file, a full disk, ...)
+        from lmforge.files import disk_full
+
         if err.filename is None and not disk_full(err):
             raise
         where = err.filename or "a write failed"
