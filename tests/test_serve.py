@@ -183,10 +183,10 @@ def test_a_model_error_fails_that_request_only(server, monkeypatch):
     engine = service.engine.engine
     real = engine.prefill
 
-    def broken(i, ids):
-        if len(ids) == 1:
+    def broken(slots, prompts):  # a one-token prompt breaks the model
+        if any(len(ids) == 1 for ids in prompts):
             raise RuntimeError("boom")
-        return real(i, ids)
+        return real(slots, prompts)
 
     monkeypatch.setattr(engine, "prefill", broken)
     r = requests.post(f"{url}/v1/completions", json={"prompt": "t", "max_tokens": 3})
