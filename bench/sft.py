@@ -100,12 +100,14 @@ def packed_batches(encoded, batch_size: int, pad: int):
         yield batch, sum(len(r.ids) for r in rows[start: start + batch_size])
 
 
-def timed_loop(model, plan: list, steps: int, **forward) -> dict:
-    """forward + backward + AdamW over ``plan``'s batches, cycling; the first step is the warm-up. ``forward``:
+def adamw(model) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+
+
+def timed_loop(model, opt: torch.optim.Optimizer, plan: list, steps: int, **forward) -> dict:
+    """forward + backward + ``opt`` over ``plan``'s batches, cycling; the first step is the warm-up. ``forward``:
     more keywords of the model's forward (lmforge: ``loss_only``, the LM head on the assistant's tokens only)."""
     model.train()
-    opt = model.__dict__.setdefault("_bench_opt", torch.optim.AdamW([p for p in model.parameters()
-                                                                       if p.requires_grad], lr=LR))
     tokens, start = 0, None
     for step in range(steps + 1):
         batch, n = plan[step % len(plan)]
@@ -190,9 +192,11 @@ def main() -> None:
     ours, theirs = lmforge_lora(work / "lmforge"), peft_lora()
     padded = list(batches(encoded, args.batch_size, pad))
     packed = list(packed_batches(encoded, args.batch_size, pad))
-    runs = {"lmforge, padded rows": lambda: timed_loop(ours, padded, args.steps, loss_only=True),  # as finetune does
-            "transformers+peft": lambda: timed_loop(theirs, padded, args.steps),
-            "lmforge, packed rows": lambda: timed_loop(ours, packed, args.steps, loss_only=True)}
+    ours_opt, theirs_opt = adamw(ours), adamw(theirs)  # one optimizer a model, kept across the rounds
+    # lmforge's forward gets loss_only, as `finetune --task chat` gives it
+    runs = {"lmforge, padded rows": lambda: timed_loop(ours, ours_opt, padded, args.steps, loss_only=True),
+            "transformers+peft": lambda: timed_loop(theirs, theirs_opt, padded, args.steps),
+            "lmforge, packed rows": lambda: timed_loop(ours, ours_opt, packed, args.steps, loss_only=True)}
     rounds: dict[str, list[dict]] = {name: [] for name in runs}
     for r in range(args.rounds):  # alternated, so that a slow spell of the machine hits every row alike
         for name, run in runs.items():

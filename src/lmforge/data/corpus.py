@@ -23,7 +23,6 @@ a JSONL line, a CSV row or a row of a Parquet/Arrow file or saved Hugging Face d
 from __future__ import annotations
 
 import csv
-import errno
 import hashlib
 import json
 import os
@@ -37,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lmforge.errors import LmforgeError
-from lmforge.files import REPLACE_HINT, atomic_path, read_text_utf8, write_bytes_atomic
+from lmforge.files import REPLACE_HINT, atomic_path, disk_full, read_text_utf8, write_bytes_atomic
 from lmforge.manifest import verify_files, write_manifest
 from lmforge.tokenizers.train import PIECE_CHARS, bounded_pieces
 from lmforge.workers import pool
@@ -223,7 +222,7 @@ def write_splits(splits: dict[str, Split], out: Path, dtype: np.dtype) -> dict[s
         if not isinstance(err, OSError):
             raise
         need = sum(sum(t.size for t in split.tokens) for split in splits.values()) * dtype.itemsize
-        if err.errno != errno.ENOSPC and shutil.disk_usage(out).free >= need:  # numpy's short write has no errno
+        if not disk_full(err) and shutil.disk_usage(out).free >= need:  # numpy's short write has no errno
             raise
         raise LmforgeError(f"{out}: no space left on the device while writing the corpus shards (about "
                            f"{need / 2**20:.1f} MiB needed)") from None

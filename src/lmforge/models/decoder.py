@@ -152,7 +152,8 @@ class Decoder(nn.Module):
         targets = None
         if loss_only and labels is not None:  # (N, D): the positions whose next token is a target
             targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T) the target of each position
-            scored = h[targets != IGNORE_INDEX]
+            scored_at = targets != IGNORE_INDEX  # (B, T)
+            targets, scored = targets[scored_at], h[scored_at]  # (N,), (N, D)
         elif logit_positions is not None:  # (B, 1, D): row b's hidden state at logit_positions[b]
             scored = h.gather(1, logit_positions.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
         elif logits_to_keep:
@@ -163,7 +164,7 @@ class Decoder(nn.Module):
         if self.config.logit_softcap is not None:
             logits = soft_cap(logits, self.config.logit_softcap)
         if targets is not None:
-            loss = token_loss(logits, targets[targets != IGNORE_INDEX])
+            loss = token_loss(logits, targets)
         else:
             loss = next_token_loss(logits, labels) if labels is not None else None
         return ModelOutput(

@@ -35,7 +35,7 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     path = Path(path)
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or None)
+            fig.savefig(tmp, dpi=dpi)  # the temporary name keeps the suffix: the format follows it
     finally:
         plt.close(fig)
     return path
