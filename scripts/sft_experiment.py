@@ -5,6 +5,7 @@ appended to OUT/results.jsonl as it finishes (a stopped run keeps what it has; r
 
     python scripts/sft_experiment.py --out runs/sft-experiment                      # this CPU: scaled down
     python scripts/sft_experiment.py --out runs/sft-full --train 2000 --test 300 --epochs 2 --batch-size 16  # GPU
+    python3 scripts/sft_experiment.py --device cuda --arms lora-sft full-sft --data chat ...  # only these arms
 
 Scaled to 2 CPU cores (SmolLM2 trains at about 100-150 tokens/s here): --train conversations per task,
 --test items, one epoch.
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+ARMS = ["zero-shot", "k-shot", "lora-sft", "cpt+lora-sft", "full-sft"]
 TASKS = {"hedges": ["test.jsonl"], "wordnet-define": ["test.jsonl", "test-mc.jsonl"], "bible-en-es": ["test.jsonl"]}
 
 
@@ -47,6 +49,12 @@ def main() -> None:
     parser.add_argument("--shots", type=int, default=3)
     parser.add_argument("--cpt-steps", type=int, default=30, help="continued pretraining steps (0: no such arm)")
     parser.add_argument("--tasks", nargs="*", default=list(TASKS))
+    parser.add_argument("--arms", nargs="*", choices=ARMS, default=ARMS[:4],
+                        help="which arms to run (full-sft: every weight tuned, at --full-lr)")
+    parser.add_argument("--full-lr", type=float, default=5e-5)
+    parser.add_argument("--device", default="cpu", help="where evaluate, finetune and pretrain run")
+    parser.add_argument("--data", type=Path, help="a folder of task folders already written (default: write "
+                                                  "them under OUT/data from the sources)")
     args = parser.parse_args()
     from lmforge.data.sources import smollm2_path, write_chat_task
 
@@ -68,29 +76,33 @@ def main() -> None:
         todo = [f for f in files if (task, arm, str(f)) not in done]
         if todo:
             record(task, arm, lmforge("evaluate", "--model", model, "--tasks", *map(str, todo), "--limit",
-                                      str(args.test), "--batch-size", "16", *more), extra)
+                                      str(args.test), "--batch-size", "16", "--device", args.device, *more),
+                   extra)
 
     for task in args.tasks:
-        data = out / "data" / task
+        data = (args.data or out / "data") / task
         if not (data / "test.jsonl").is_file():
             write_chat_task(task, data)
         train = head(data / "train.jsonl", data / f"train-{args.train}.jsonl", args.train)
         dev = head(data / "dev.jsonl", data / f"dev-{args.dev}.jsonl", args.dev)
         tests = [data / name for name in TASKS[task]]
-        evaluate(task, "zero-shot", base, tests, {})
-        evaluate(task, f"{args.shots}-shot", base, tests, {}, "--shots", str(args.shots), "--fewshot",
-                 str(data / "train.jsonl"))
-        arms = [("lora-sft", base)]
-        if args.cpt_steps:
-            arms.append(("cpt+lora-sft", continued(out, task, base, train, args)))
+        if "zero-shot" in args.arms:
+            evaluate(task, "zero-shot", base, tests, {})
+        if "k-shot" in args.arms:
+            evaluate(task, f"{args.shots}-shot", base, tests, {}, "--shots", str(args.shots), "--fewshot",
+                     str(data / "train.jsonl"))
+        arms = [(arm, base) for arm in ("lora-sft", "full-sft") if arm in args.arms]
+        if args.cpt_steps and "cpt+lora-sft" in args.arms:
+            arms.insert(1, ("cpt+lora-sft", continued(out, task, base, train, args)))
         for arm, start in arms:
+            full = arm == "full-sft"
             tuned = out / "models" / f"{task}-{arm}"
             if not (tuned / "finetune.json").is_file():
                 began = time.perf_counter()
                 lmforge("finetune", "--task", "chat", "--model", start, "--train", str(train), "--eval", str(dev),
-                        "--strategy", "lora", "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                        "--lr", str(args.lr), "--max-len", "512", "--eval-every", "0", "--out", str(tuned),
-                        "--no-progress")
+                        "--strategy", "full" if full else "lora", "--epochs", str(args.epochs), "--batch-size",
+                        str(args.batch_size), "--lr", str(args.full_lr if full else args.lr), "--max-len", "512",
+                        "--eval-every", "0", "--out", str(tuned), "--no-progress", "--device", args.device)
                 print(f"{task} {arm}: tuned in {time.perf_counter() - began:.0f} s", flush=True)
             report = json.loads((tuned / "finetune.json").read_text())
             evaluate(task, arm, str(tuned), tests, {"train_time_s": report["train_time_s"],
@@ -113,7 +125,7 @@ def continued(out: Path, task: str, base: str, train: Path, args: argparse.Names
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     lmforge("pretrain", f"model.init_from={plain}", f"data.files=[{text}]", "data.seq_len=128",
             f"train.max_steps={args.cpt_steps}", "train.batch_size=8", "train.lr=1e-4", "train.eval_every=0",
-            "--out", str(folder), "--no-progress")
+            f"train.device={args.device}", "--out", str(folder), "--no-progress")
     return str(folder / "model")
 
 
