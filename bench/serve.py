@@ -160,7 +160,8 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8710)
     p.add_argument("--device", default="cpu", help="cpu | cuda (both servers)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="both servers' weights")
-    p.add_argument("--compile", action="store_true", help="lmforge serve --compile (a GPU's CUDA graphs)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="lmforge serve --compile / --no-compile (default: lmforge's own, on for CUDA)")
     args = p.parse_args()
     from lmforge.data.sources import smollm2_path
 
@@ -171,9 +172,11 @@ def main() -> None:
                    check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     subprocess.run([*lmforge, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
                    check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
+    switch = [] if args.compile is None else ["--compile" if args.compile else "--no-compile"]
     servers = [("lmforge serve", [*lmforge, "serve", "--model", str(work / "lmforge"), "--slots", "16",
                                   "--threads", str(args.threads), "--port", str(args.port), "--device", args.device,
-                                  "--dtype", args.dtype, *(["--compile"] if args.compile else [])])]
+                                  "--dtype", args.dtype, *switch])]
+    compiled = args.device.startswith("cuda") if args.compile is None else args.compile  # as lmforge serve resolves it
     if not args.skip_transformers:
         hf = str(Path(sys.executable).parent / "transformers")
         for cb in ("--no-continuous-batching", "--continuous-batching"):
@@ -187,7 +190,7 @@ def main() -> None:
             load(args.port, model, 1, 1, 4)  # warm-up
             for clients in args.clients:
                 row = {"bench": "serve", "server": name, "threads": args.threads, "new_tokens": args.new,
-                       "device": args.device, "dtype": args.dtype, "compile": args.compile and name == "lmforge serve",
+                       "device": args.device, "dtype": args.dtype, "compile": compiled and name == "lmforge serve",
                        **load(args.port, model, clients, args.requests, args.new)}
                 print(json.dumps(row), flush=True)
             if args.soak and name == "lmforge serve":
