@@ -163,6 +163,18 @@ def test_buckets():
     assert [bucket(n, [4, 8, 16]) for n in (1, 4, 5, 16)] == [4, 4, 8, 16]
 
 
+def test_eager_buckets_are_fine_compiled_ones_few(llama):
+    """Eager (CPU's default) pads little: every row count from MIN_ROWS, prompts to a multiple of 8, columns to a
+    multiple of 32; compiled keeps powers of two (one graph each)."""
+    eager = Engine(llama, slots=16, capacity=128, compile=False)
+    assert eager.row_buckets == list(range(MIN_ROWS, 17)) and eager.n_slots == 16
+    assert bucket(37, eager.prompt_buckets) == 40 and bucket(5, eager.row_buckets) == 5
+    assert eager.capacity_buckets == [32, 64, 96, 128]
+    compiled = Engine(llama, slots=16, capacity=128, compile=True)  # nothing is compiled before its first call
+    assert compiled.row_buckets == [4, 8, 16] and bucket(37, compiled.prompt_buckets) == 64
+    assert bucket(5, compiled.row_buckets) == 8 and compiled.capacity_buckets == [64, 128]
+
+
 # -- compile once --------------------------------------------------------------------------------------------------
 def test_one_graph_per_bucket_whatever_the_mix(llama):
     """Prompt lengths, max_new_tokens, batch sizes within a bucket and sampling settings all vary: the graphs are
@@ -194,6 +206,26 @@ def test_one_graph_per_bucket_whatever_the_mix(llama):
     assert len(used_prefill) == 1 and len(used_step) == 2  # all prompts < 16 tokens; rows 4 then 8; capacity 128
     assert graphs == len(used_prefill) + len(used_step)
     assert not counters["graph_break"]
+
+
+def test_warmup_compiles_every_graph_before_the_first_request(llama):
+    """What a server does at start on a GPU: every graph compiled first, then requests of any mix compile none,
+    get the eager tokens, and find the caches as new (the warm-up's pad tokens zeroed)."""
+    torch._dynamo.reset()
+    engine = Engine(llama, slots=4, capacity=32, compile=True)
+    before = counters["stats"]["unique_graphs"]
+    assert engine.warmup() == 3  # prefill at 16 and 32 columns; one step of 4 rows over 32 columns
+    warmed = counters["stats"]["unique_graphs"]
+    assert warmed - before == 3
+    assert not any(kv.k.any() or kv.v.any() for kv in engine.caches.all())
+    eager = Engine(llama, slots=4, capacity=32)
+    assert eager.warmup() == 0  # nothing to compile
+    requests = [Request(list(range(3, 3 + p)), max_new_tokens=n, stop_ids=[]) for p, n in ((3, 5), (20, 8), (9, 12))]
+    fast, slow = [engine.submit(r) for r in requests], [eager.submit(r) for r in requests]
+    engine.run()
+    eager.run()
+    assert counters["stats"]["unique_graphs"] == warmed  # nothing compiled while serving
+    assert [g.tokens for g in fast] == [g.tokens for g in slow]
 
 
 def test_generate_and_beams_reuse_the_engine_and_its_graphs(gpt):

@@ -40,8 +40,9 @@ def run_serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(create_app(service), host=options.host, port=options.port, log_level="warning",
                             timeout_graceful_shutdown=int(options.grace) or None, access_log=False)
     server = uvicorn.Server(config)
+    ready = f"; {service.warmup[0]} graphs compiled in {service.warmup[1]:.0f} s" if service.warmup else ""
     print(f"lmforge serve: {service.name} on http://{options.host}:{options.port} ({options.slots} slots, "
-          f"context {service.context})", file=sys.stderr, flush=True)
+          f"context {service.context}{ready})", file=sys.stderr, flush=True)
     stopped: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on these, then raises the signal again: note it
         signal.signal(sig, lambda number, _frame: stopped.append(number))

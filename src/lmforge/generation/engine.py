@@ -40,7 +40,7 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.sampling import draw
-from lmforge.generation.slots import MIN_ROWS, SlotCaches, bucket, buckets
+from lmforge.generation.slots import MIN_ROWS, SlotCaches, bucket, buckets, multiples
 from lmforge.generation.text import StopStrings
 from lmforge.models.interfaces import is_encoder_decoder
 
@@ -120,12 +120,20 @@ class Engine:
         self.capacity = min(capacity or min(context, 2048), context)
         self.memory = min(memory or context, context) if self.seq2seq else 0
         self.device = next(model.parameters()).device
+        self.compile = self.device.type == "cuda" if compile is None else compile
         # one slot: one row (a matrix-vector product, the fastest for a lone request); more: at least MIN_ROWS, so
-        # that a row's bits do not depend on how many others share the step (slots.py)
-        self.row_buckets = [1] if slots == 1 else buckets(MIN_ROWS, max(slots, MIN_ROWS))
+        # that a row's bits do not depend on how many others share the step (slots.py). Compiled: powers of two
+        # (one graph each); eager: fine sizes, little padding computed (slots.py)
+        fine = not self.compile
+        rows = max(slots, MIN_ROWS)
+        if slots == 1:
+            self.row_buckets = [1]
+        else:
+            self.row_buckets = list(range(MIN_ROWS, rows + 1)) if fine else buckets(MIN_ROWS, rows)
         self.n_slots = self.row_buckets[-1]
-        self.capacity_buckets = buckets(min(64, self.capacity), self.capacity)
-        self.prompt_buckets = buckets(min(16, self.capacity), self.memory if self.seq2seq else self.capacity)
+        self.capacity_buckets = multiples(32, self.capacity) if fine else buckets(min(64, self.capacity), self.capacity)
+        longest = self.memory if self.seq2seq else self.capacity
+        self.prompt_buckets = multiples(8, longest) if fine else buckets(min(16, self.capacity), longest)
         self.caches = SlotCaches(model, self.n_slots, self.capacity, self.memory)
         self.pad_id = config.pad_id if config.pad_id is not None else (config.eos_id or 0)
         self.start_id = start_id if start_id is not None else getattr(config, "bos_id", None)
@@ -140,7 +148,6 @@ class Engine:
         self.waiting: collections.deque[Generation] = collections.deque()
         self.lock = threading.Lock()
         self.busy = False  # generate() / stream() / beam search holding it (generation/decoding.py's pool)
-        self.compile = self.device.type == "cuda" if compile is None else compile
         if self.compile:
             graphs = len(self.row_buckets) * len(self.capacity_buckets) + len(self.prompt_buckets)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs + 2)
@@ -150,6 +157,31 @@ class Engine:
                     torch._dynamo.mark_static_address(kv.v)
         kind = (seq2seq_prefill, seq2seq_step) if self.seq2seq else (decoder_prefill, decoder_step)
         self.prefill_fn, self.step_fn = (compiled(fn, self.device, self.compile) for fn in kind)
+
+    def warmup(self) -> int:
+        """Compile every graph this engine can need, before any request waits for one: a prefill per prompt
+        bucket, a step per (row bucket, capacity bucket) (and per source bucket for an encoder-decoder). Made on
+        pad tokens in idle slots, which are zeroed again after. Eager engines have nothing to compile: 0.
+        Returns the number of model calls made (the graphs compiled, when none existed before)."""
+        if not self.compile or self.active or self.waiting:
+            return 0
+        calls = 0
+        sources = self.prompt_buckets if self.seq2seq else [1]
+        with torch.inference_mode():
+            for width in self.prompt_buckets:
+                self.prefill([0], [[self.pad_id] * width])
+                calls += 1
+            for rows in self.row_buckets:
+                tokens = torch.full((rows,), self.pad_id, dtype=torch.long, device=self.device)
+                for columns in self.capacity_buckets:
+                    for source in sources:
+                        self.forward(tokens, [columns - 1] * rows, [source] * rows)
+                        calls += 1
+            for kv in self.caches.all():  # as new: unwritten columns hold 0
+                kv.k.zero_()
+                kv.v.zero_()
+            self.src_mask.zero_()
+        return calls
 
     # -- the queue ----------------------------------------------------------------------------------------------
     def submit(self, request: Request) -> Generation:

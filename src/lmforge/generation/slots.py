@@ -14,7 +14,9 @@ A request owns one slot (one row) from its prefill to its last token. Two ways t
 
 S_b and C_b are *buckets*: the smallest of a few sizes (4, 8, 16 rows; 64, 128, 256, ... columns) that holds what
 the active requests need. A compiled step is specialised to its shapes, so buckets bound the number of graphs
-(one per (S_b, C_b)) whatever mix of prompt lengths, output lengths and batch sizes arrives.
+(one per (S_b, C_b)) whatever mix of prompt lengths, output lengths and batch sizes arrives. An eager engine
+(the default on CPU) compiles nothing, so its buckets are fine instead: every row count from 4, prompts padded
+to a multiple of 8 tokens, columns to a multiple of 32, since each padded row or column is computed for nothing.
 
 Why rows never change a neighbour's answer: every row's keys, mask and positions are its own, attention is
 computed per row, and a matrix product gives each row the same bits whatever other rows it is stacked with,
@@ -49,6 +51,16 @@ def buckets(smallest: int, largest: int) -> list[int]:
         sizes.append(size)
         size *= 2
     return [*sizes, largest]
+
+
+def multiples(step: int, largest: int) -> list[int]:
+    """Every multiple of ``step`` below ``largest``, then ``largest``: the fine buckets of an eager engine, whose
+    shapes cost no compiled graph, so that only a few columns or rows of padding are computed.
+
+    >>> multiples(8, 30), multiples(8, 4)
+    ([8, 16, 24, 30], [4])
+    """
+    return [*range(step, largest, step), largest]
 
 
 def bucket(size: int, sizes: Sequence[int]) -> int:

@@ -116,10 +116,14 @@ class ModelService:
         self.generates = generates_text(model) and "Classification" not in type(model).__name__
         self.context = getattr(model.config, "max_positions", 0)
         self.engine: EngineThread | None = None
+        self.warmup: tuple[int, float] | None = None  # compiled engines: (graphs, seconds) made at start
         if self.generates:
             engine = Engine(model, options.slots, capacity=options.context or None, tokenizer=tokenizer,
                             compile=options.compile)
             self.context = engine.capacity
+            began = time.perf_counter()
+            graphs = engine.warmup()  # compiled: every graph before the first request, none while serving
+            self.warmup = (graphs, time.perf_counter() - began) if graphs else None
             self.engine = EngineThread(engine)
         self.model_lock = threading.Lock()  # encoders and classifiers: one batch at a time
 
