@@ -3,6 +3,7 @@ one run; then a soak of ``lmforge serve``.
 
     .venv/bin/python bench/serve.py                         # SmolLM2-135M-Instruct, 1 / 4 / 16 clients
     .venv/bin/python bench/serve.py --skip-transformers --soak 2000
+    .venv/bin/python bench/serve.py --prompts long --new 128                 # replies near 128 tokens
     python3 bench/serve.py --device cuda --dtype bf16 --compile --requests 4     # on a GPU
 
 Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
@@ -38,6 +39,11 @@ PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PY
 QUESTIONS = ["What is the capital of France?", "Name three primary colours.", "How many days are in a week?",
              "Write one sentence about the sea.", "What is two plus two?", "Say hello in Spanish.",
              "What do bees make?", "Name a planet of the solar system."]
+# --prompts long: questions whose answers run to about --new tokens, so that decoding, not the prompt, is the work
+ESSAYS = ["Write a short story about a cat who learns to fly.", "Explain how a rainbow forms, step by step.",
+          "Describe a day in the life of a medieval farmer.", "Write a poem about autumn leaves.",
+          "Explain to a child why the sky is blue.", "Give five tips for learning a new language.",
+          "Describe the water cycle in detail.", "Write a letter to a friend about your summer holiday."]
 
 
 def start(command: list[str], port: int, threads: int, log: Path) -> subprocess.Popen:
@@ -85,7 +91,7 @@ def one(client, model: str, question: str, new: int) -> dict:
             "total": time.perf_counter() - start, "tokens": tokens}
 
 
-def load(port: int, model: str, clients: int, per_client: int, new: int) -> dict:
+def load(port: int, model: str, clients: int, per_client: int, new: int, questions: list[str]) -> dict:
     import openai
 
     results: list[dict] = []
@@ -94,7 +100,7 @@ def load(port: int, model: str, clients: int, per_client: int, new: int) -> dict
     def worker(k: int) -> None:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
         for i in range(per_client):
-            r = one(client, model, QUESTIONS[(k + i) % len(QUESTIONS)], new)
+            r = one(client, model, questions[(k + i) % len(questions)], new)
             with lock:
                 results.append(r)
 
@@ -158,6 +164,8 @@ def main() -> None:
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--soak", type=int, default=0, help="requests of the soak run (0: none)")
     p.add_argument("--port", type=int, default=8710)
+    p.add_argument("--prompts", choices=["short", "long"], default="short",
+                   help="short questions (replies of 8-40 tokens) or long ones (replies near --new)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (both servers)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="both servers' weights")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -183,15 +191,16 @@ def main() -> None:
             servers.append((f"transformers serve {cb}", [hf, "serve", str(work / "hf"), cb, "--device", args.device,
                                                          "--dtype", {"fp32": "float32", "bf16": "bfloat16"}[args.dtype],
                                                          "--port", str(args.port)]))
+    questions = ESSAYS if args.prompts == "long" else QUESTIONS
     for name, command in servers:
         proc = start(command, args.port, args.threads, work / f"{name.split()[0]}.log")
         model = requests.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["id"]
         try:
-            load(args.port, model, 1, 1, 4)  # warm-up
+            load(args.port, model, 1, 1, 4, QUESTIONS)  # warm-up
             for clients in args.clients:
                 row = {"bench": "serve", "server": name, "threads": args.threads, "new_tokens": args.new,
                        "device": args.device, "dtype": args.dtype, "compile": compiled and name == "lmforge serve",
-                       **load(args.port, model, clients, args.requests, args.new)}
+                       "prompts": args.prompts, **load(args.port, model, clients, args.requests, args.new, questions)}
                 print(json.dumps(row), flush=True)
             if args.soak and name == "lmforge serve":
                 print(json.dumps({"bench": "serve-soak", **soak(args.port, proc, args.soak)}), flush=True)

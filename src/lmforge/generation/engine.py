@@ -304,7 +304,8 @@ class Engine:
         held = [s for s in self.slots[: active[-1] + 1]]
         tokens = torch.tensor([s.token if s else self.pad_id for s in held], device=self.device)
         logits = self.forward(tokens, [s.length if s else 0 for s in held], [s.source if s else 1 for s in held])
-        logits = logits.index_select(0, torch.tensor(active, device=self.device))  # (A, V) the active slots
+        if len(active) < len(held):  # a free slot below the highest active one: keep the active rows only
+            logits = logits.index_select(0, torch.tensor(active, device=self.device))  # (A, V)
         for i, token, row in zip(active, self.pick(logits, active), logits, strict=True):
             self.slots[i].length += 1
             self.emit(i, token, row)

@@ -102,17 +102,22 @@ class SlotKV:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill: k, v (B, H_kv, P, d) into columns [0, P) of the B slots, returned as they are.
-        Step: k, v (S_b, H_kv, 1, d) at each row's column; returns the rows' first C_b columns (S_b, H_kv, C_b, d)."""
+        Step: k, v (S_b, H_kv, 1, d) at each row's column; returns the rows' first C_b columns (S_b, H_kv, C_b, d).
+
+        Both write whole d-vectors into the buffer seen as a list of them (S * H_kv * C, d): one ``index_copy_``
+        of contiguous rows, several times faster on CPU than indexing (S, H_kv, C, d) on two dimensions."""
+        heads, capacity = self.k.shape[1], self.k.shape[2]
         if self.prefilling:
-            b, n = k.shape[0], k.shape[2]
-            rows = self.rows[:, None].expand(b, n)  # (B, P): row b's slot for every column
-            columns = torch.arange(n, device=k.device)[None, :].expand(b, n)  # (B, P)
-            self.k[rows, :, columns] = k.transpose(1, 2)  # (B, P, H_kv, d) into k[slot_b, :, p]
-            self.v[rows, :, columns] = v.transpose(1, 2)
-            return k, v
-        self.k[self.rows, :, self.columns] = k[:, :, 0]  # (S_b, H_kv, d) into k[b, :, lengths[b]]
-        self.v[self.rows, :, self.columns] = v[:, :, 0]
-        return self.keys_values()
+            n = k.shape[2]
+            head = torch.arange(heads, device=k.device)[None, :, None]  # (1, H_kv, 1)
+            column = torch.arange(n, device=k.device)[None, None, :]  # (1, 1, P)
+            at = ((self.rows[:, None, None] * heads + head) * capacity + column).reshape(-1)  # (B*H_kv*P,)
+        else:
+            head = torch.arange(heads, device=k.device)[None, :]  # (1, H_kv)
+            at = ((self.rows[:, None] * heads + head) * capacity + self.columns[:, None]).reshape(-1)  # (S_b*H_kv,)
+        self.k.view(-1, self.k.shape[3]).index_copy_(0, at, k.reshape(-1, k.shape[3]).to(self.k.dtype))
+        self.v.view(-1, self.v.shape[3]).index_copy_(0, at, v.reshape(-1, v.shape[3]).to(self.v.dtype))
+        return (k, v) if self.prefilling else self.keys_values()
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows, columns = self.view
