@@ -129,7 +129,7 @@ class Engine:
         if slots == 1:
             self.row_buckets = [1]
         else:
-            self.row_buckets = list(range(MIN_ROWS, rows + 1)) if fine else buckets(MIN_ROWS, rows)
+            self.row_buckets = multiples(MIN_ROWS, rows) if fine else buckets(MIN_ROWS, rows)
         self.n_slots = self.row_buckets[-1]
         self.capacity_buckets = multiples(32, self.capacity) if fine else buckets(min(64, self.capacity), self.capacity)
         longest = self.memory if self.seq2seq else self.capacity

@@ -15,15 +15,17 @@ A request owns one slot (one row) from its prefill to its last token. Two ways t
 S_b and C_b are *buckets*: the smallest of a few sizes (4, 8, 16 rows; 64, 128, 256, ... columns) that holds what
 the active requests need. A compiled step is specialised to its shapes, so buckets bound the number of graphs
 (one per (S_b, C_b)) whatever mix of prompt lengths, output lengths and batch sizes arrives. An eager engine
-(the default on CPU) compiles nothing, so its buckets are fine instead: every row count from 4, prompts padded
+(the default on CPU) compiles nothing, so its buckets are fine instead: rows in multiples of 4, prompts padded
 to a multiple of 8 tokens, columns to a multiple of 32, since each padded row or column is computed for nothing.
 
 Why rows never change a neighbour's answer: every row's keys, mask and positions are its own, attention is
 computed per row, and a matrix product gives each row the same bits whatever other rows it is stacked with,
 as long as the product has at least ``MIN_ROWS`` rows (below that, BLAS switches to a matrix-vector kernel with
-another summation order: measured on torch 2.13 CPU). So the smallest step bucket is 4 rows; an engine of one
-slot (``generate`` on one prompt) steps one row instead, the fastest for a lone request with no neighbour to
-differ from.
+another summation order: measured on torch 2.13 CPU) and a multiple of 4 rows: on 2 threads, MKL splits 5-7 and
+9-11 rows between its threads otherwise than 4, 8 or 12 and more, and those rows' bits change (1 thread: any
+count from 4 agrees; tests/test_engine.py checks the engine's row counts on 2 threads). So the smallest step
+bucket is 4 rows; an engine of one slot (``generate`` on one prompt) steps one row instead, the fastest for a
+lone request with no neighbour to differ from.
 
 ``SlotKV`` speaks the attention's cache protocol (``nn/attention.py``: ``append``, ``keys_values``, ``length``):
 the model's layers write and read it without knowing about slots.
