@@ -289,7 +289,7 @@ def test_one_steps_arrivals_are_prefilled_together_and_each_gets_what_it_gets_al
     engine = Engine(model, slots=16)
     calls = []
     prefill = engine.prefill
-    engine.prefill = lambda slots, ids: calls.append(len(slots)) or prefill(slots, ids)
+    engine.prefill = lambda slots, ids, start=0: calls.append(len(slots)) or prefill(slots, ids, start)
     handles = [engine.submit(Request(ids, **s)) for ids, s in zip(work, settings, strict=True)]
     engine.run()
     widths = {bucket(len(ids), engine.prompt_buckets) for ids in work}
@@ -303,10 +303,10 @@ def test_a_failing_prefill_in_a_group_ends_only_its_own_request(gpt):
     engine = Engine(gpt, slots=8)
     prefill = engine.prefill
 
-    def failing(slots, ids):
+    def failing(slots, ids, start=0):
         if any(row[0] == 66 for row in ids):
             raise RuntimeError("bad prompt")
-        return prefill(slots, ids)
+        return prefill(slots, ids, start)
 
     engine.prefill = failing
     work = [[5, 6, 7], [66, 6, 7], [9, 6, 7]]

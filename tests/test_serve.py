@@ -140,6 +140,14 @@ def test_models_health_metrics_and_the_page(server):
     metrics = requests.get(f"{url}/metrics").text
     assert "lmforge_requests_total" in metrics and "lmforge_time_to_first_token_seconds_count" in metrics
     assert "lmforge_slots 16" in metrics
+    asked = [{"role": "system", "content": "You answer in one short sentence about the sea and the wind. " * 3},
+             {"role": "user", "content": "Hello?"}]
+    for _ in range(2):  # the same long beginning twice: the second time it comes from the prefix cache
+        client(url).chat.completions.create(model="chat-model", messages=asked, max_tokens=2, temperature=0)
+    counts = dict(line.split() for line in requests.get(f"{url}/metrics").text.splitlines()
+                  if line.startswith("lmforge_prefix_"))
+    assert int(counts["lmforge_prefix_cached_tokens_total"]) >= 16
+    assert int(counts["lmforge_prefix_computed_tokens_total"]) > 0
     page = requests.get(f"{url}/").text
     assert "<script>" in page and "http://" not in page.split("<script>")[1]  # no CDN: one self-contained page
 
@@ -183,10 +191,10 @@ def test_a_model_error_fails_that_request_only(server, monkeypatch):
     engine = service.engine.engine
     real = engine.prefill
 
-    def broken(slots, prompts):  # a one-token prompt breaks the model
+    def broken(slots, prompts, start=0):  # a one-token prompt breaks the model
         if any(len(ids) == 1 for ids in prompts):
             raise RuntimeError("boom")
-        return real(slots, prompts)
+        return real(slots, prompts, start)
 
     monkeypatch.setattr(engine, "prefill", broken)
     r = requests.post(f"{url}/v1/completions", json={"prompt": "t", "max_tokens": 3})

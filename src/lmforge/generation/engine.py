@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.generation.prefix import PrefixCache
 from lmforge.generation.sampling import draw
 from lmforge.generation.slots import MIN_ROWS, SlotCaches, bucket, buckets, multiples
 from lmforge.generation.text import StopStrings
@@ -109,10 +110,12 @@ class Engine:
 
     slots: requests decoded together. capacity: the longest text a slot holds (prompt + new tokens; default
     the model's context, at most 2048). memory: an encoder-decoder's longest source. compile: None = on CUDA.
+    prefix_blocks: blocks of prompt beginnings kept for reuse (prefix.py; eager decoders; 0: none).
     """
 
     def __init__(self, model: nn.Module, slots: int = 8, capacity: int | None = None, tokenizer=None,
-                 compile: bool | None = None, memory: int | None = None, start_id: int | None = None) -> None:
+                 compile: bool | None = None, memory: int | None = None, start_id: int | None = None,
+                 prefix_blocks: int = 0) -> None:
         config = model.config
         self.model, self.tokenizer = model.eval(), tokenizer
         self.seq2seq = is_encoder_decoder(model)
@@ -155,6 +158,10 @@ class Engine:
                 for kv in self.caches.all():
                     torch._dynamo.mark_static_address(kv.k)
                     torch._dynamo.mark_static_address(kv.v)
+        # prompt beginnings seen before, reused (prefix.py): an eager decoder's (a compiled prefill would need a
+        # graph per prefix length)
+        self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and not (self.compile or self.seq2seq) \
+            else None
         kind = (seq2seq_prefill, seq2seq_step) if self.seq2seq else (decoder_prefill, decoder_step)
         self.prefill_fn, self.step_fn = (compiled(fn, self.device, self.compile) for fn in kind)
 
@@ -251,21 +258,28 @@ class Engine:
                         self.finish(i, "error", f"{type(err).__name__}: {err}")
 
     def prefill_groups(self, arrivals: list[tuple[int, Generation]]) -> list[list[tuple[int, Generation]]]:
-        """The arrivals of one step in groups prefilled together: a decoder's prompts of the same width bucket
-        (each row then has the shapes it has alone, so the same bits); one at a time when compiled (one graph
-        per prompt bucket) or for an encoder-decoder."""
+        """The arrivals of one step in groups prefilled together: a decoder's prompts with the same cached prefix
+        length and the same width bucket of the rest (each row then has the shapes it has alone, so the same
+        bits); one at a time when compiled (one graph per prompt bucket) or for an encoder-decoder."""
         if self.compile or self.seq2seq:
             return [[a] for a in arrivals]
-        groups: dict[int, list[tuple[int, Generation]]] = {}
+        groups: dict[tuple[int, int], list[tuple[int, Generation]]] = {}
         for i, g in arrivals:
-            groups.setdefault(bucket(len(g.request.ids), self.prompt_buckets), []).append((i, g))
+            ids = g.request.ids
+            start = self.prefix.longest(ids) if self.prefix else 0
+            groups.setdefault((start, bucket(len(ids) - start, self.prompt_buckets)), []).append((i, g))
         return list(groups.values())
 
     def admit(self, group: list[tuple[int, Generation]]) -> None:
         """Prefill requests into their slots in one model call and emit their first tokens. An error in a group
         of several retries them one by one, so that it ends only the request that causes it."""
+        slots, prompts = [i for i, _ in group], [g.request.ids for _, g in group]
+        start = self.prefix.longest(prompts[0]) if self.prefix else 0  # the same for the whole group
         try:
-            logits = self.prefill([i for i, _ in group], [g.request.ids for _, g in group])  # (B, V)
+            if start:
+                for i, ids in zip(slots, prompts, strict=True):
+                    self.prefix.load(i, ids, start)
+            logits = self.prefill(slots, prompts, start)  # (B, V)
         except Exception as err:
             if len(group) > 1:
                 for one in group:
@@ -273,6 +287,9 @@ class Engine:
                 return
             end(group[0][1], "error", f"{type(err).__name__}: {err}")
             return
+        if self.prefix is not None:
+            for i, ids in zip(slots, prompts, strict=True):
+                self.prefix.store(i, ids)
         for (i, generation), row in zip(group, logits, strict=True):
             try:
                 self.start(i, generation, row[None])
@@ -311,17 +328,18 @@ class Engine:
             self.emit(i, token, row)
 
     # -- the two model calls ----------------------------------------------------------------------------------
-    def prefill(self, slots: list[int], prompts: list[Sequence[int]]) -> torch.Tensor:
+    def prefill(self, slots: list[int], prompts: list[Sequence[int]], start: int = 0) -> torch.Tensor:
         """Write prompts (a decoder's, of one width bucket) or one source and the start token into their slots;
-        the next-token logits (B, V)."""
-        width = bucket(max(map(len, prompts)), self.prompt_buckets)
+        the next-token logits (B, V). ``start``: the prompts' first tokens already in the slots (a cached prefix),
+        so only the rest is computed."""
+        width = bucket(max(len(ids) - start for ids in prompts), self.prompt_buckets)
         padded = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (B, P_b) right-padded
         for row, ids in enumerate(prompts):
-            padded[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+            padded[row, : len(ids) - start] = torch.as_tensor(list(ids[start:]), dtype=torch.long)
         padded = padded.to(self.device)
-        layers = self.caches.prefill(torch.tensor(slots, device=self.device))
+        layers = self.caches.prefill(torch.tensor(slots, device=self.device), start)
         if not self.seq2seq:
-            last = torch.tensor([len(ids) - 1 for ids in prompts], device=self.device)  # (B,)
+            last = torch.tensor([len(ids) - 1 - start for ids in prompts], device=self.device)  # (B,)
             return self.prefill_fn(self.model, layers, padded, last)
         (i,), (ids,) = slots, prompts
         n = len(ids)

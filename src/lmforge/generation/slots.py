@@ -96,14 +96,17 @@ class SlotKV:
         self.length = 0  # the attention's count of cached positions: a cross cache reads "filled" when > 0
         self.static = False
 
-    def prefill(self, slot: torch.Tensor) -> None:
-        self.prefilling, self.rows, self.length = True, slot, 0
+    def prefill(self, slot: torch.Tensor, start: int = 0) -> None:
+        """Prefill the slots ``slot`` (B,) from column ``start`` on: columns [0, start) already hold a cached prefix
+        (``prefix.py``), which the new tokens attend to; the model reads ``length`` as its positions' offset."""
+        self.prefilling, self.rows, self.length = True, slot, start
 
     def step(self, rows: torch.Tensor, columns: torch.Tensor | None, view: tuple[int, int], filled: bool) -> None:
         self.prefilling, self.rows, self.columns, self.view, self.length = False, rows, columns, view, int(filled)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill: k, v (B, H_kv, P, d) into columns [0, P) of the B slots, returned as they are.
+        """Prefill: k, v (B, H_kv, P, d) into columns [start, start + P) of the B slots; returns them as they are,
+        or after a cached prefix the slots' columns [0, start + P).
         Step: k, v (S_b, H_kv, 1, d) at each row's column; returns the rows' first C_b columns (S_b, H_kv, C_b, d).
 
         Both write whole d-vectors into the buffer seen as a list of them (S * H_kv * C, d): one ``index_copy_``
@@ -112,14 +115,19 @@ class SlotKV:
         if self.prefilling:
             n = k.shape[2]
             head = torch.arange(heads, device=k.device)[None, :, None]  # (1, H_kv, 1)
-            column = torch.arange(n, device=k.device)[None, None, :]  # (1, 1, P)
+            column = torch.arange(self.length, self.length + n, device=k.device)[None, None, :]  # (1, 1, P)
             at = ((self.rows[:, None, None] * heads + head) * capacity + column).reshape(-1)  # (B*H_kv*P,)
         else:
             head = torch.arange(heads, device=k.device)[None, :]  # (1, H_kv)
             at = ((self.rows[:, None] * heads + head) * capacity + self.columns[:, None]).reshape(-1)  # (S_b*H_kv,)
         self.k.view(-1, self.k.shape[3]).index_copy_(0, at, k.reshape(-1, k.shape[3]).to(self.k.dtype))
         self.v.view(-1, self.v.shape[3]).index_copy_(0, at, v.reshape(-1, v.shape[3]).to(self.v.dtype))
-        return (k, v) if self.prefilling else self.keys_values()
+        if self.prefilling:
+            if not self.length:
+                return k, v
+            end = self.length + k.shape[2]  # the prefix's keys, then these: (B, H_kv, start + P, d)
+            return self.k[:, :, :end].index_select(0, self.rows), self.v[:, :, :end].index_select(0, self.rows)
+        return self.keys_values()
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows, columns = self.view
@@ -151,9 +159,9 @@ class SlotCaches:
     def all(self) -> list[SlotKV]:
         return [kv for layer in self.layers for kv in layer if kv is not None]
 
-    def prefill(self, slot: torch.Tensor) -> list[LayerCache]:
+    def prefill(self, slot: torch.Tensor, start: int = 0) -> list[LayerCache]:
         for kv in self.all():
-            kv.prefill(slot)
+            kv.prefill(slot, start)
         return self.layers
 
     def step(self, rows: torch.Tensor, lengths: torch.Tensor, capacity: int, memory: int) -> list[LayerCache]:

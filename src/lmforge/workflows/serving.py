@@ -79,7 +79,8 @@ class Metrics:
                 if seconds <= bound:
                     self.ttft_buckets[bound] += 1
 
-    def text(self, queue: int, busy: int, slots: int) -> str:
+    def text(self, queue: int, busy: int, slots: int, prefix: tuple[int, int] = (0, 0)) -> str:
+        """The counters; ``prefix``: prompt tokens taken from the prefix cache and computed (its hits and misses)."""
         lines = ["# HELP lmforge_requests_total HTTP requests by endpoint and status code",
                  "# TYPE lmforge_requests_total counter"]
         lines += [f'lmforge_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in
@@ -90,6 +91,11 @@ class Metrics:
                   "# TYPE lmforge_queue_length gauge", f"lmforge_queue_length {queue}",
                   "# TYPE lmforge_slots_in_use gauge", f"lmforge_slots_in_use {busy}",
                   "# TYPE lmforge_slots gauge", f"lmforge_slots {slots}",
+                  "# HELP lmforge_prefix_cached_tokens_total prompt tokens whose keys and values came from the cache",
+                  "# TYPE lmforge_prefix_cached_tokens_total counter",
+                  f"lmforge_prefix_cached_tokens_total {prefix[0]}",
+                  "# TYPE lmforge_prefix_computed_tokens_total counter",
+                  f"lmforge_prefix_computed_tokens_total {prefix[1]}",
                   "# HELP lmforge_time_to_first_token_seconds from a request's arrival to its first token",
                   "# TYPE lmforge_time_to_first_token_seconds histogram"]
         cumulative = 0
@@ -119,7 +125,7 @@ class ModelService:
         self.warmup: tuple[int, float] | None = None  # compiled engines: (graphs, seconds) made at start
         if self.generates:
             engine = Engine(model, options.slots, capacity=options.context or None, tokenizer=tokenizer,
-                            compile=options.compile)
+                            compile=options.compile, prefix_blocks=options.prefix_cache)
             self.context = engine.capacity
             began = time.perf_counter()
             graphs = engine.warmup()  # compiled: every graph before the first request, none while serving
@@ -169,6 +175,11 @@ class ModelService:
             return 0, 0, 0
         e = self.engine.engine
         return len(e.waiting), len(e.active), e.n_slots
+
+    def prefix_tokens(self) -> tuple[int, int]:
+        """Prompt tokens the prefix cache supplied and those computed, for /metrics ((0, 0) without one)."""
+        prefix = self.engine.engine.prefix if self.engine else None
+        return (prefix.hits, prefix.misses) if prefix else (0, 0)
 
     # -- the work -------------------------------------------------------------------------------------------
     def prompt_ids(self, text: str) -> list[int]:
