@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -167,27 +169,41 @@ def test_eager_buckets_are_fine_compiled_ones_few(llama):
     """Eager (CPU's default) pads little: every row count from MIN_ROWS, prompts to a multiple of 8, columns to a
     multiple of 32; compiled keeps powers of two (one graph each)."""
     eager = Engine(llama, slots=16, capacity=128, compile=False)
-    assert eager.row_buckets == [4, 8, 12, 16] and eager.n_slots == 16
-    assert bucket(37, eager.prompt_buckets) == 40 and bucket(9, eager.row_buckets) == 12
+    assert eager.row_buckets == [4, 16] and eager.n_slots == 16  # 5 to 16 rows: weight-first (calls.py)
+    assert Engine(llama, slots=8, capacity=128).row_buckets == [4, 8]
+    assert Engine(llama, slots=10, capacity=128).row_buckets == [4, 8, 12]  # rounded up to a multiple of 4
+    assert bucket(37, eager.prompt_buckets) == 40 and bucket(9, eager.row_buckets) == 16
     assert eager.capacity_buckets == [32, 64, 96, 128]
     compiled = Engine(llama, slots=16, capacity=128, compile=True)  # nothing is compiled before its first call
     assert compiled.row_buckets == [4, 8, 16] and bucket(37, compiled.prompt_buckets) == 64
     assert bucket(5, compiled.row_buckets) == 8 and compiled.capacity_buckets == [64, 128]
 
 
-def test_every_row_count_the_engine_steps_gives_a_row_the_same_bits():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_row_count_the_engine_steps_gives_a_row_the_same_bits(threads):
     """What batched == alone rests on, at the server's 2 threads: a row of a matrix product has the same bits in
-    every row bucket an engine steps (multiples of 4; MKL on 2 threads splits 5-7 and 9-11 rows otherwise)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+    every row bucket an eager CPU engine steps (multiples of 4; MKL on 2 threads splits 5-7 and 9-11 rows
+    otherwise), whether the step runs it as F.linear (4, 8, 12 rows) or weight-first (16 and more)."""
+    from lmforge.generation.calls import WeightsFirst
+    from lmforge.generation.slots import STEP_ROWS
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(0)
-        weight, x = torch.randn(960, 576, generator=g), torch.randn(32, 576, generator=g)
-        full = torch.nn.functional.linear(x, weight)
-        for rows in [*buckets(MIN_ROWS, 32), *Engine(Decoder(get_preset("gpt-tiny")), slots=32).row_buckets]:
-            assert torch.equal(torch.nn.functional.linear(x[:rows], weight), full[:rows]), rows
+        rows = [*Engine(Decoder(get_preset("gpt-tiny")), slots=30).row_buckets, 8, 12]  # 8, 12: smaller engines'
+        assert rows[:6] == [4, 16, 20, 24, 28, 32]
+        for d_in, d_out in ((576, 960), (1536, 576), (64, 300)):
+            weight, bias, x = (torch.randn(d_out, d_in, generator=g), torch.randn(d_out, generator=g),
+                               torch.randn(32, d_in, generator=g))
+            for b in (None, bias):
+                full = torch.nn.functional.linear(x, weight, b)
+                for n in rows:
+                    with WeightsFirst() if n >= STEP_ROWS else contextlib.nullcontext():
+                        got = torch.nn.functional.linear(x[:n], weight, b)
+                    assert torch.equal(got, full[:n]), (d_in, d_out, n, b is None)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 # -- compile once --------------------------------------------------------------------------------------------------

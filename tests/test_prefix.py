@@ -85,3 +85,15 @@ def test_blocks_are_kept_up_to_the_capacity_least_recently_used_first(llama):
 def test_compiled_engines_and_engines_without_blocks_keep_no_prefix(llama):
     assert Engine(llama, slots=4, prefix_blocks=8, compile=True).prefix is None
     assert Engine(llama, slots=4).prefix is None
+
+
+def test_a_block_dropped_between_grouping_and_prefill_costs_time_not_answers(llama):
+    """One block of room: each arrival's store drops what the next group counted on; every request still
+    answers, with the tokens it gets alone."""
+    work = questions(6)
+    engine = Engine(llama, slots=8, prefix_blocks=1)
+    run(engine, work[:1], 1)  # block 0 of the shared beginning is kept
+    handles = run(engine, work[1:], 6)
+    assert all(g.finish_reason == "length" for g in handles)
+    for ids, g in zip(work[1:], handles, strict=True):
+        assert g.tokens == run(Engine(llama, slots=8), [ids], 6)[0].tokens

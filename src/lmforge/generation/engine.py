@@ -9,9 +9,10 @@
 How a request travels (docs/generation.md has the picture):
 
     submit      it waits in a queue (thread-safe: a server submits from its event loop)
-    admit       between two steps it takes the lowest free slot; its prompt is *prefilled* alone, padded on
-                the right to a length bucket, writing its keys and values into its slot; the logits of its
-                last real token give its first new token at once (the time to first token is one prefill)
+    admit       between two steps it takes the lowest free slot; its prompt is *prefilled* (with the step's
+                other arrivals of its width), padded on the right to a length bucket, writing its keys and
+                values into its slot (a beginning seen before is copied from the prefix cache, prefix.py, and
+                only the rest computed); the logits of its last real token give its first new token at once
     step        all active slots decode together: one token each, written at each slot's own column, attending
                 over the first C_b columns of the first S_b slots (buckets), a mask hiding what is not theirs
     leave       a stop token, a stop string, max_new_tokens or cancel() frees the slot at once; the next
@@ -30,7 +31,7 @@ sampling settings are tensors, and the caches never move.
 from __future__ import annotations
 
 import collections
-import functools
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,9 +40,18 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.generation.calls import (
+    WeightsFirst,
+    arange,
+    compiled,
+    decoder_prefill,
+    decoder_step,
+    seq2seq_prefill,
+    seq2seq_step,
+)
 from lmforge.generation.prefix import PrefixCache
 from lmforge.generation.sampling import draw
-from lmforge.generation.slots import MIN_ROWS, SlotCaches, bucket, buckets, multiples
+from lmforge.generation.slots import MIN_ROWS, STEP_ROWS, SlotCaches, bucket, buckets, multiples
 from lmforge.generation.text import StopStrings
 from lmforge.models.interfaces import is_encoder_decoder
 
@@ -97,14 +107,6 @@ class Slot:
         self.token = 0  # the newest token, not yet in the cache: the next step's input
 
 
-def compiled(fn: Callable, device: torch.device, enabled: bool) -> Callable:
-    """``fn`` compiled with ``fullgraph=True, dynamic=False`` (CUDA graphs on CUDA), or ``fn`` itself."""
-    if not enabled:
-        return fn
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    return torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
-
-
 class Engine:
     """Continuous batching over a fixed number of slots (see the module docstring).
 
@@ -131,8 +133,15 @@ class Engine:
         rows = max(slots, MIN_ROWS)
         if slots == 1:
             self.row_buckets = [1]
+        elif fine:  # multiples of 4 rows, the slots rounded up (slots.py: other counts change a row's bits)
+            self.row_buckets = multiples(MIN_ROWS, -(-rows // MIN_ROWS) * MIN_ROWS)
         else:
-            self.row_buckets = multiples(MIN_ROWS, rows) if fine else buckets(MIN_ROWS, rows)
+            self.row_buckets = buckets(MIN_ROWS, rows)
+        # eager on CPU: steps of STEP_ROWS rows or more run their products weight-first (calls.WeightsFirst),
+        # faster there and the same bits; so fast that 5 to 12 active rows step as 16 when the engine has them
+        self.weights_first = fine and self.device.type == "cpu"
+        if self.weights_first and self.row_buckets[-1] >= STEP_ROWS:
+            self.row_buckets = [b for b in self.row_buckets if b == MIN_ROWS or b >= STEP_ROWS]
         self.n_slots = self.row_buckets[-1]
         self.capacity_buckets = multiples(32, self.capacity) if fine else buckets(min(64, self.capacity), self.capacity)
         longest = self.memory if self.seq2seq else self.capacity
@@ -248,8 +257,8 @@ class Engine:
                     end(generation, "length")
                 else:
                     arrivals.append((free[len(arrivals)], generation))
-            for group in self.prefill_groups(arrivals):
-                self.admit(group)
+            for start, group in self.prefill_groups(arrivals):
+                self.admit(group, start)
             if self.active:
                 try:
                     self.decode()
@@ -257,24 +266,27 @@ class Engine:
                     for i in self.active:
                         self.finish(i, "error", f"{type(err).__name__}: {err}")
 
-    def prefill_groups(self, arrivals: list[tuple[int, Generation]]) -> list[list[tuple[int, Generation]]]:
-        """The arrivals of one step in groups prefilled together: a decoder's prompts with the same cached prefix
-        length and the same width bucket of the rest (each row then has the shapes it has alone, so the same
-        bits); one at a time when compiled (one graph per prompt bucket) or for an encoder-decoder."""
+    def prefill_groups(self, arrivals: list[tuple[int, Generation]]) -> list[tuple[int, list[tuple[int, Generation]]]]:
+        """The arrivals of one step in groups prefilled together, each with its cached prefix length: a decoder's
+        prompts with the same cached length and the same width bucket of the rest (each row then has the shapes
+        it has alone, so the same bits); one at a time when compiled (one graph per prompt bucket) or for an
+        encoder-decoder."""
         if self.compile or self.seq2seq:
-            return [[a] for a in arrivals]
+            return [(0, [a]) for a in arrivals]
         groups: dict[tuple[int, int], list[tuple[int, Generation]]] = {}
         for i, g in arrivals:
             ids = g.request.ids
             start = self.prefix.longest(ids) if self.prefix else 0
             groups.setdefault((start, bucket(len(ids) - start, self.prompt_buckets)), []).append((i, g))
-        return list(groups.values())
+        return [(start, group) for (start, _), group in groups.items()]
 
-    def admit(self, group: list[tuple[int, Generation]]) -> None:
-        """Prefill requests into their slots in one model call and emit their first tokens. An error in a group
-        of several retries them one by one, so that it ends only the request that causes it."""
+    def admit(self, group: list[tuple[int, Generation]], start: int = 0) -> None:
+        """Prefill requests into their slots in one model call (after the first ``start`` tokens, copied from
+        the prefix cache) and emit their first tokens. An error in a group of several retries them one by one,
+        so that it ends only the request that causes it."""
         slots, prompts = [i for i, _ in group], [g.request.ids for _, g in group]
-        start = self.prefix.longest(prompts[0]) if self.prefix else 0  # the same for the whole group
+        if start and any(self.prefix.longest(ids) < start for ids in prompts):
+            start = 0  # a block was dropped since the grouping (a tiny cache): compute it all, the same bits
         try:
             if start:
                 for i, ids in zip(slots, prompts, strict=True):
@@ -283,7 +295,7 @@ class Engine:
         except Exception as err:
             if len(group) > 1:
                 for one in group:
-                    self.admit([one])
+                    self.admit([one], start)
                 return
             end(group[0][1], "error", f"{type(err).__name__}: {err}")
             return
@@ -359,10 +371,12 @@ class Engine:
         lengths_t = torch.tensor(lengths + padding, device=self.device)  # (S_b,)
         memory = bucket(max(sources), self.prompt_buckets) if self.seq2seq else 0
         layers = self.caches.step(arange(rows, self.device), lengths_t, columns, memory)
-        if self.seq2seq:
-            logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns, self.src_mask[:rows, :memory])
-        else:
-            logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns)  # (S_b, V)
+        with WeightsFirst() if self.weights_first and rows >= STEP_ROWS else contextlib.nullcontext():
+            if self.seq2seq:
+                logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns,
+                                      self.src_mask[:rows, :memory])
+            else:
+                logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns)  # (S_b, V)
         return logits[:n]
 
     def pick(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
@@ -438,40 +452,3 @@ class SlotSteps:
             logits = self.engine.forward(tokens, self.lengths, self.sources)
         self.lengths = [n + 1 for n in self.lengths]
         return logits
-
-
-@functools.cache
-def arange(n: int, device: torch.device) -> torch.Tensor:
-    """[0, n) on the device, made once per (n, device): the rows of a step bucket."""
-    return torch.arange(n, device=device)
-
-
-# -- the model calls, compiled once per bucket ---------------------------------------------------------------------
-def decoder_prefill(model: nn.Module, caches: list, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """ids (B, P_b) right-padded, last (B,) -> the next-token logits after each row's last real token (B, V)."""
-    return model(ids, caches=caches, logit_positions=last).logits[:, -1]
-
-
-def decoder_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: torch.Tensor,
-                 capacity: int) -> torch.Tensor:
-    """tokens (S_b,) at positions lengths (S_b,) -> next-token logits (S_b, V); row b sees its columns <= lengths[b]."""
-    visible = torch.arange(capacity, device=tokens.device)[None, :] <= lengths[:, None]  # (S_b, C_b)
-    out = model(tokens[:, None], attention_mask=visible, position_ids=lengths[:, None], caches=caches)
-    return out.logits[:, -1]
-
-
-def seq2seq_prefill(model: nn.Module, caches: list, src: torch.Tensor, src_mask: torch.Tensor,
-                    start: torch.Tensor) -> torch.Tensor:
-    """Encode the source (1, S_b) once, fill the cross-attention cache, decode the start token -> (1, V)."""
-    memory = model.encode(src, src_mask).last_hidden_state  # (1, S_b, D)
-    positions = torch.zeros_like(start)
-    return model.decode(start, memory, src_mask=src_mask, caches=caches, position_ids=positions).logits[:, -1]
-
-
-def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: torch.Tensor, capacity: int,
-                 src_mask: torch.Tensor) -> torch.Tensor:
-    """One target token per row, attending to its own target columns and its own source (S_b, M_b)."""
-    visible = torch.arange(capacity, device=tokens.device)[None, :] <= lengths[:, None]  # (S_b, C_b)
-    out = model.decode(tokens[:, None], None, src_mask=src_mask, tgt_mask=visible, caches=caches,
-                       position_ids=lengths[:, None])
-    return out.logits[:, -1]
