@@ -93,6 +93,27 @@ def test_greedy_answers_equal_alone_and_beside_15_others(llama):
                                                    use_cache=False).to_lists()  # = the plain recomputation
 
 
+def test_two_threads_a_request_alone_and_beside_15_others_gets_the_same_logits(llama):
+    """On 2 threads an eager CPU engine steps a lone request as 4 rows on one thread and a full batch as 16 rows
+    weight-first on two: every logit of every step is the same bits either way."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        work = prompts(16, seed=9)
+        engine = Engine(llama, slots=16)
+        handles = [engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True)) for ids in work]
+        engine.run()
+        for ids, g in zip(work, handles, strict=True):
+            lone = Engine(llama, slots=16)
+            one = lone.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True))
+            lone.run()
+            assert one.tokens == g.tokens
+            assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
+        assert torch.get_num_threads() == 2  # the one-thread steps gave the threads back
+    finally:
+        torch.set_num_threads(before)
+
+
 def _padded(work):
     from lmforge.generation import pad_prompts
 
@@ -184,7 +205,7 @@ def test_every_row_count_the_engine_steps_gives_a_row_the_same_bits(threads):
     """What batched == alone rests on, at the server's 2 threads: a row of a matrix product has the same bits in
     every row bucket an eager CPU engine steps (multiples of 4; MKL on 2 threads splits 5-7 and 9-11 rows
     otherwise), whether the step runs it as F.linear (4, 8, 12 rows) or weight-first (16 and more)."""
-    from lmforge.generation.calls import WeightsFirst
+    from lmforge.generation.calls import CpuCall
     from lmforge.generation.slots import STEP_ROWS
 
     before = torch.get_num_threads()
@@ -199,7 +220,7 @@ def test_every_row_count_the_engine_steps_gives_a_row_the_same_bits(threads):
             for b in (None, bias):
                 full = torch.nn.functional.linear(x, weight, b)
                 for n in rows:
-                    with WeightsFirst() if n >= STEP_ROWS else contextlib.nullcontext():
+                    with CpuCall(weights_first=True) if n >= STEP_ROWS else contextlib.nullcontext():
                         got = torch.nn.functional.linear(x[:n], weight, b)
                     assert torch.equal(got, full[:n]), (d_in, d_out, n, b is None)
     finally:

@@ -58,16 +58,33 @@ def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: 
     return out.logits[:, -1]
 
 
-class WeightsFirst(TorchFunctionMode):
-    """Inside it, ``F.linear(x, W, b)`` is computed as ``(W @ xᵀ)ᵀ + b``: the same product with the weight as
-    the left operand. For the 16 rows of a full CPU decoding step MKL runs this form 1.4x faster (SmolLM2-135M:
-    46 ms of matrix products a step against 64 ms), and from 12 rows on it gives each row the bits ``F.linear``
-    gives it (measured on torch 2.13's CPU build, 1 and 2 threads, with and without bias; tests/test_engine.py
-    checks the engine's row counts). Below 12 rows neither holds, so the engine uses it from 16 rows."""
+class CpuCall(TorchFunctionMode):
+    """How an eager CPU engine runs a model call, so that a row's bits never depend on its neighbours:
+
+    - attention (``F.scaled_dot_product_attention``) on one thread: on two, PyTorch's CPU kernel gives a row other
+      bits in a batch of 16 than of 4 (measured on torch 2.13), and the step's attention is a small part of it;
+    - with ``weights_first`` (a step of 16 rows or more), ``F.linear(x, W, b)`` computed as ``(W @ xᵀ)ᵀ + b``,
+      the same product with the weight as the left operand: for the 16 rows of a full decoding step MKL runs
+      this form 1.4x faster (SmolLM2-135M: 46 ms of matrix products a step against 64 ms), and from 12 rows on
+      it gives every row the bits ``F.linear`` gives it (1 and 2 threads, with and without bias).
+
+    tests/test_engine.py checks both on 2 threads: every row count an engine steps, and every logit of a request
+    alone and beside 15 others."""
+
+    def __init__(self, weights_first: bool = False) -> None:
+        super().__init__()
+        self.weights_first = weights_first
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not F.linear:
+        if func is F.scaled_dot_product_attention:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                torch.set_num_threads(threads)
+        if func is not F.linear or not self.weights_first:
             return func(*args, **kwargs)
         x, weight = args[0], args[1]
         bias = args[2] if len(args) > 2 else kwargs.get("bias")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -41,7 +41,7 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.calls import (
-    WeightsFirst,
+    CpuCall,
     arange,
     compiled,
     decoder_prefill,
@@ -137,10 +137,10 @@ class Engine:
             self.row_buckets = multiples(MIN_ROWS, -(-rows // MIN_ROWS) * MIN_ROWS)
         else:
             self.row_buckets = buckets(MIN_ROWS, rows)
-        # eager on CPU: steps of STEP_ROWS rows or more run their products weight-first (calls.WeightsFirst),
-        # faster there and the same bits; so fast that 5 to 12 active rows step as 16 when the engine has them
-        self.weights_first = fine and self.device.type == "cpu"
-        if self.weights_first and self.row_buckets[-1] >= STEP_ROWS:
+        # eager on CPU: attention on one thread, and steps of STEP_ROWS rows or more with their products
+        # weight-first (calls.CpuCall), so fast that 5 to 12 active rows step as 16 when the engine has them
+        self.cpu = fine and self.device.type == "cpu"
+        if self.cpu and self.row_buckets[-1] >= STEP_ROWS:
             self.row_buckets = [b for b in self.row_buckets if b == MIN_ROWS or b >= STEP_ROWS]
         self.n_slots = self.row_buckets[-1]
         self.capacity_buckets = multiples(32, self.capacity) if fine else buckets(min(64, self.capacity), self.capacity)
@@ -352,7 +352,8 @@ class Engine:
         layers = self.caches.prefill(torch.tensor(slots, device=self.device), start)
         if not self.seq2seq:
             last = torch.tensor([len(ids) - 1 - start for ids in prompts], device=self.device)  # (B,)
-            return self.prefill_fn(self.model, layers, padded, last)
+            with CpuCall() if self.cpu else contextlib.nullcontext():  # attention on one thread
+                return self.prefill_fn(self.model, layers, padded, last)
         (i,), (ids,) = slots, prompts
         n = len(ids)
         self.src_mask[i] = False
@@ -371,13 +372,32 @@ class Engine:
         lengths_t = torch.tensor(lengths + padding, device=self.device)  # (S_b,)
         memory = bucket(max(sources), self.prompt_buckets) if self.seq2seq else 0
         layers = self.caches.step(arange(rows, self.device), lengths_t, columns, memory)
-        with WeightsFirst() if self.weights_first and rows >= STEP_ROWS else contextlib.nullcontext():
+        with self.step_mode(rows):
             if self.seq2seq:
                 logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns,
                                       self.src_mask[:rows, :memory])
             else:
                 logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns)  # (S_b, V)
         return logits[:n]
+
+    @contextlib.contextmanager
+    def step_mode(self, rows: int) -> Iterator[None]:
+        """How an eager CPU step of ``rows`` rows runs (calls.CpuCall): from STEP_ROWS rows its products
+        weight-first on the engine's threads and its attention on one; below, all on one thread (a 4-row step
+        gains nothing from a second, and in a server loses to the other threads' contention: 100 -> 85 ms a
+        token for SmolLM2 alone). A row's bits are the same every way (tests/test_engine.py)."""
+        if not self.cpu:
+            yield
+        elif rows >= STEP_ROWS:
+            with CpuCall(weights_first=True):
+                yield
+        else:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                yield
+            finally:
+                torch.set_num_threads(threads)
 
     def pick(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
         """The next token of each of these slots from its logits (len(slots), V), by the slot's own settings."""
