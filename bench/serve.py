@@ -4,7 +4,7 @@ one run; then a soak of ``lmforge serve``.
     .venv/bin/python bench/serve.py                         # SmolLM2-135M-Instruct, 1 / 4 / 16 clients
     .venv/bin/python bench/serve.py --skip-transformers --soak 2000
     .venv/bin/python bench/serve.py --prompts long --new 128                 # replies near 128 tokens
-    python3 bench/serve.py --device cuda --dtype bf16 --compile --requests 4     # on a GPU
+    python3 bench/serve.py --device cuda --dtype bf16 --context 512 --requests 4  # on a GPU (compiled)
 
 Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
 the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
@@ -168,6 +168,7 @@ def main() -> None:
                    help="short questions (replies of 8-40 tokens) or long ones (replies near --new)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (both servers)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="both servers' weights")
+    p.add_argument("--context", type=int, help="lmforge serve --context (fewer compiled graphs on a GPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="lmforge serve --compile / --no-compile (default: lmforge's own, on for CUDA)")
     args = p.parse_args()
@@ -181,6 +182,7 @@ def main() -> None:
     subprocess.run([*lmforge, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
                    check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     switch = [] if args.compile is None else ["--compile" if args.compile else "--no-compile"]
+    switch += ["--context", str(args.context)] if args.context else []
     servers = [("lmforge serve", [*lmforge, "serve", "--model", str(work / "lmforge"), "--slots", "16",
                                   "--threads", str(args.threads), "--port", str(args.port), "--device", args.device,
                                   "--dtype", args.dtype, *switch])]
