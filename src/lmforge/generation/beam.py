@@ -68,7 +68,7 @@ def beam_search(
 
     ``steps`` holds the ``batch`` prompts; they are expanded to batch * beams rows here: row b*K + j is
     beam j of prompt b. ``steps`` may be a plain stepper (generation/steps.py) or the engine's slots
-    (``engine.SlotSteps``: its compiled fixed-shape step).
+    (``steps.SlotSteps``: its compiled fixed-shape step).
     """
     k = beams
     if max_new_tokens == 0:

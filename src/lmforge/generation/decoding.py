@@ -40,10 +40,10 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.beam import beam_search
-from lmforge.generation.engine import Engine, Generation, Request, SlotSteps
+from lmforge.generation.engine import Engine, Generation, Request
 from lmforge.generation.sampling import draw
 from lmforge.generation.slots import MIN_ROWS, bucket, buckets
-from lmforge.generation.steps import make_steps
+from lmforge.generation.steps import SlotSteps, make_steps
 from lmforge.generation.text import StopStrings
 from lmforge.models.decoder import Decoder
 from lmforge.models.interfaces import is_encoder_decoder

@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +44,7 @@ from lmforge.generation.calls import (
     CpuCall,
     arange,
     compiled,
+    cpu_step,
     decoder_prefill,
     decoder_step,
     seq2seq_prefill,
@@ -372,32 +373,13 @@ class Engine:
         lengths_t = torch.tensor(lengths + padding, device=self.device)  # (S_b,)
         memory = bucket(max(sources), self.prompt_buckets) if self.seq2seq else 0
         layers = self.caches.step(arange(rows, self.device), lengths_t, columns, memory)
-        with self.step_mode(rows):
+        with cpu_step(rows) if self.cpu else contextlib.nullcontext():
             if self.seq2seq:
                 logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns,
                                       self.src_mask[:rows, :memory])
             else:
                 logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns)  # (S_b, V)
         return logits[:n]
-
-    @contextlib.contextmanager
-    def step_mode(self, rows: int) -> Iterator[None]:
-        """How an eager CPU step of ``rows`` rows runs (calls.CpuCall): from STEP_ROWS rows its products
-        weight-first on the engine's threads and its attention on one; below, all on one thread (a 4-row step
-        gains nothing from a second, and in a server loses to the other threads' contention: 100 -> 85 ms a
-        token for SmolLM2 alone). A row's bits are the same every way (tests/test_engine.py)."""
-        if not self.cpu:
-            yield
-        elif rows >= STEP_ROWS:
-            with CpuCall(weights_first=True):
-                yield
-        else:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                yield
-            finally:
-                torch.set_num_threads(threads)
 
     def pick(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
         """The next token of each of these slots from its logits (len(slots), V), by the slot's own settings."""
@@ -436,39 +418,3 @@ def end(generation: Generation, reason: str, error: str | None = None) -> None:
     generation.ended.set()
     if generation.request.on_finish is not None:
         generation.request.on_finish(generation)
-
-
-class SlotSteps:
-    """Beam search's stepper (``first`` / ``next`` / ``reorder``, generation/steps.py) over an engine's slots.
-
-    The B prompts are prefilled into slots [0, B); ``reorder`` copies slot rows (B -> B*K beams at the first
-    step, then the surviving hypotheses); ``next`` is the engine's step: the same compiled graphs as ``generate``.
-    """
-
-    def __init__(self, engine: Engine, prompts: list[list[int]]) -> None:
-        self.engine, self.prompts = engine, prompts
-        self.lengths: list[int] = []
-        self.sources: list[int] = []
-
-    def first(self) -> torch.Tensor:
-        e, rows = self.engine, []
-        with torch.inference_mode():
-            for i, ids in enumerate(self.prompts):
-                rows.append(e.prefill([i], [ids]))
-                self.lengths.append(1 if e.seq2seq else len(ids))
-                self.sources.append(len(ids))
-        return torch.cat(rows)  # (B, V)
-
-    def reorder(self, index: torch.Tensor) -> None:
-        picked = index.tolist()
-        self.engine.caches.reorder(index)
-        self.engine.src_mask[: len(picked)] = self.engine.src_mask.index_select(0, index)
-        self.lengths = [self.lengths[j] for j in picked]
-        self.sources = [self.sources[j] for j in picked]
-
-    def next(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (R,) -> the logits that follow them (R, V)."""
-        with torch.inference_mode():
-            logits = self.engine.forward(tokens, self.lengths, self.sources)
-        self.lengths = [n + 1 for n in self.lengths]
-        return logits

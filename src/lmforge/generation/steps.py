@@ -22,6 +22,7 @@ row computes exactly what the same prompt computes alone:
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.models.interfaces import is_encoder_decoder
 from lmforge.nn.layers import LayerCache
+
+if TYPE_CHECKING:
+    from lmforge.generation.engine import Engine
 
 
 def reorder_caches(caches: list, index: torch.Tensor) -> None:
@@ -233,3 +237,39 @@ def make_steps(
                 raise LmforgeError("decoder_start_id: the model config has no bos_id; pass start_id")
         return Seq2SeqSteps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id, caches)
     return DecoderSteps(model, input_ids, attention_mask, max_new_tokens, use_cache, caches)
+
+
+class SlotSteps:
+    """Beam search's stepper (``first`` / ``next`` / ``reorder``, generation/steps.py) over an engine's slots.
+
+    The B prompts are prefilled into slots [0, B); ``reorder`` copies slot rows (B -> B*K beams at the first
+    step, then the surviving hypotheses); ``next`` is the engine's step: the same compiled graphs as ``generate``.
+    """
+
+    def __init__(self, engine: Engine, prompts: list[list[int]]) -> None:
+        self.engine, self.prompts = engine, prompts
+        self.lengths: list[int] = []
+        self.sources: list[int] = []
+
+    def first(self) -> torch.Tensor:
+        e, rows = self.engine, []
+        with torch.inference_mode():
+            for i, ids in enumerate(self.prompts):
+                rows.append(e.prefill([i], [ids]))
+                self.lengths.append(1 if e.seq2seq else len(ids))
+                self.sources.append(len(ids))
+        return torch.cat(rows)  # (B, V)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        picked = index.tolist()
+        self.engine.caches.reorder(index)
+        self.engine.src_mask[: len(picked)] = self.engine.src_mask.index_select(0, index)
+        self.lengths = [self.lengths[j] for j in picked]
+        self.sources = [self.sources[j] for j in picked]
+
+    def next(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (R,) -> the logits that follow them (R, V)."""
+        with torch.inference_mode():
+            logits = self.engine.forward(tokens, self.lengths, self.sources)
+        self.lengths = [n + 1 for n in self.lengths]
+        return logits
