@@ -67,6 +67,30 @@ def test_a_signal_during_tokenization_ends_every_worker_and_frees_the_lock(tmp_p
     assert again.returncode == 0, again.stderr  # the lock went with the run
 
 
+def test_a_pool_whose_terminate_hangs_still_ends_its_workers():
+    """CPython's Pool.terminate waits for the task queue's lock, which an idle worker holds while it waits for a
+    task (python/cpython#78178). Stopped here (SIGSTOP), that worker never lets go: the workers are killed after
+    the grace period instead, and none is left."""
+    from lmforge.workers import end, pool
+
+    with pool(2) as processes:
+        assert processes.map(abs, [-1, -2]) == [1, 2]
+        deadline = time.monotonic() + 10
+        while processes._inqueue._rlock.acquire(block=False):  # until an idle worker holds the lock in get()
+            processes._inqueue._rlock.release()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        workers = list(processes._pool)
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        end(processes, grace=0.5)
+        assert time.monotonic() - began < 5
+        while any(w.is_alive() for w in workers) and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
+        assert not any(w.is_alive() for w in workers)
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     """``lmforge ... | head -1``: exit 141 (as a shell's own tools), no traceback."""
     from lmforge.tokenizers import ByteLevelBPETokenizer

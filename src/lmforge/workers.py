@@ -7,7 +7,9 @@ parent's SIGTERM handler (a traceback per worker), and it survives its parent's 
 queue). ``pool`` starts each worker with ``start_worker``, which undoes all three: the inherited lock files
 closed, SIGINT ignored (the parent decides) and SIGTERM back to its default, and on Linux a request to the
 kernel to send it SIGTERM when the parent dies, however the parent dies. Leaving the ``with pool(...)`` block
-early (an exception, a signal turned into one) terminates the workers.
+(normally, or early: an exception, a signal turned into one) terminates the workers, within a bounded time:
+CPython's ``Pool.terminate`` can wait forever for the task queue's lock when an idle worker holds it while
+waiting for a task (python/cpython#78178, #73945), so after ``GRACE`` seconds the workers are killed instead.
 
     >>> with pool(2) as workers:
     ...     workers.map(abs, [-1, -2, 3])
@@ -23,7 +25,8 @@ import multiprocessing.pool
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -57,8 +60,29 @@ def start_worker(parent: int, initializer: Callable[..., None] | None, initargs:
         initializer(*initargs)
 
 
+GRACE = 10.0  # seconds Pool.terminate may take before the workers are killed
+
+
+@contextlib.contextmanager
 def pool(workers: int, initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()
-         ) -> multiprocessing.pool.Pool:
-    """A forked pool of ``workers`` processes started by ``start_worker``; use it in a ``with`` block."""
-    return multiprocessing.get_context("fork").Pool(workers, initializer=start_worker,
-                                                    initargs=(os.getpid(), initializer, initargs))
+         ) -> Iterator[multiprocessing.pool.Pool]:
+    """A forked pool of ``workers`` processes started by ``start_worker``, ended when the block is left."""
+    processes = multiprocessing.get_context("fork").Pool(workers, initializer=start_worker,
+                                                         initargs=(os.getpid(), initializer, initargs))
+    try:
+        yield processes
+    finally:
+        end(processes)
+
+
+def end(processes: multiprocessing.pool.Pool, grace: float = GRACE) -> None:
+    """``processes.terminate()``, bounded: if it has not returned after ``grace`` seconds (a lock that an idle
+    worker holds), the workers are killed, so that none outlives the run; the stuck call stays in a daemon
+    thread, which the interpreter does not wait for."""
+    stopper = threading.Thread(target=processes.terminate, daemon=True, name="lmforge-pool-terminate")
+    stopper.start()
+    stopper.join(grace)
+    if stopper.is_alive():
+        for worker in list(getattr(processes, "_pool", [])):
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(worker.pid, signal.SIGKILL)
