@@ -88,8 +88,8 @@ def test_compiled_engines_and_engines_without_blocks_keep_no_prefix(llama):
 
 
 def test_a_block_dropped_between_grouping_and_prefill_costs_time_not_answers(llama):
-    """One block of room: each arrival's store drops what the next group counted on; every request still
-    answers, with the tokens it gets alone."""
+    """One block of room: each prompt's blocks push out the others' (kept after every group of the step is
+    prefilled, so none a group counted on is gone); every request still answers, with the tokens it gets alone."""
     work = questions(6)
     engine = Engine(llama, slots=8, prefix_blocks=1)
     run(engine, work[:1], 1)  # block 0 of the shared beginning is kept

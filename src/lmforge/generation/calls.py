@@ -81,12 +81,8 @@ class CpuCall(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
+            with one_thread():
                 return func(*args, **kwargs)
-            finally:
-                torch.set_num_threads(threads)
         if func is not F.linear or not self.weights_first:
             return func(*args, **kwargs)
         x, weight = args[0], args[1]
@@ -102,10 +98,13 @@ def cpu_step(rows: int) -> Iterator[None]:
     engine's threads and its attention on one (``CpuCall``); below, all on one thread (a 4-row step gains nothing
     from a second, and in a server loses to the other threads' contention: 100 -> 85 ms a token for SmolLM2
     alone). A row's bits are the same every way (tests/test_engine.py)."""
-    if rows >= STEP_ROWS:
-        with CpuCall(weights_first=True):
-            yield
-        return
+    with CpuCall(weights_first=True) if rows >= STEP_ROWS else one_thread():
+        yield
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's CPU work on one thread inside the block, the thread count as it was after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -258,8 +258,10 @@ class Engine:
                     end(generation, "length")
                 else:
                     arrivals.append((free[len(arrivals)], generation))
-            for start, group in self.prefill_groups(arrivals):
-                self.admit(group, start)
+            prefilled = [done for start, group in self.prefill_groups(arrivals) for done in self.admit(group, start)]
+            if self.prefix is not None:  # kept once every group is in: no block a group counted on goes first
+                for i, ids, start in prefilled:
+                    self.prefix.store(i, ids, start)
             if self.active:
                 try:
                     self.decode()
@@ -281,13 +283,11 @@ class Engine:
             groups.setdefault((start, bucket(len(ids) - start, self.prompt_buckets)), []).append((i, g))
         return [(start, group) for (start, _), group in groups.items()]
 
-    def admit(self, group: list[tuple[int, Generation]], start: int = 0) -> None:
+    def admit(self, group: list[tuple[int, Generation]], start: int = 0) -> list[tuple[int, Sequence[int], int]]:
         """Prefill requests into their slots in one model call (after the first ``start`` tokens, copied from
-        the prefix cache) and emit their first tokens. An error in a group of several retries them one by one,
-        so that it ends only the request that causes it."""
+        the prefix cache) and emit their first tokens; returns (slot, prompt, start) of each prompt prefilled.
+        An error in a group of several retries them one by one, so that it ends only the request that causes it."""
         slots, prompts = [i for i, _ in group], [g.request.ids for _, g in group]
-        if start and any(self.prefix.longest(ids) < start for ids in prompts):
-            start = 0  # a block was dropped since the grouping (a tiny cache): compute it all, the same bits
         try:
             if start:
                 for i, ids in zip(slots, prompts, strict=True):
@@ -295,20 +295,16 @@ class Engine:
             logits = self.prefill(slots, prompts, start)  # (B, V)
         except Exception as err:
             if len(group) > 1:
-                for one in group:
-                    self.admit([one], start)
-                return
+                return [done for one in group for done in self.admit([one], start)]
             end(group[0][1], "error", f"{type(err).__name__}: {err}")
-            return
-        if self.prefix is not None:
-            for i, ids in zip(slots, prompts, strict=True):
-                self.prefix.store(i, ids)
+            return []
         for (i, generation), row in zip(group, logits, strict=True):
             try:
                 self.start(i, generation, row[None])
             except Exception as err:  # this request only
                 self.slots[i] = None
                 end(generation, "error", f"{type(err).__name__}: {err}")
+        return [(i, ids, start) for i, ids in zip(slots, prompts, strict=True)]
 
     def start(self, i: int, generation: Generation, logits: torch.Tensor) -> None:
         """Slot i takes a prefilled request: its stops, sampling settings and first token (logits (1, V))."""

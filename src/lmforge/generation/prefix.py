@@ -33,7 +33,7 @@ class PrefixCache:
     """Blocks of keys and values of prompt beginnings, by the tokens up to each block's end (least recently used
     dropped beyond ``capacity`` blocks). ``caches``: the engine's slots, which blocks are copied from and into.
 
-    >>> # after a prompt of 40 tokens was prefilled into slot 3:  prefix.store(3, ids)       -> 2 blocks kept
+    >>> # after a prompt of 40 tokens was prefilled into slot 3:  prefix.store(3, ids, 0)    -> 2 blocks kept
     >>> # a later prompt with the same first 32 tokens:          prefix.longest(other) == 32
     >>> #                                                        prefix.load(5, other, 32)   -> columns [0, 32)
     """
@@ -62,11 +62,12 @@ class PrefixCache:
             for kv, (k, v) in zip(kvs, self.blocks[key], strict=True):
                 kv.k[slot, :, end - BLOCK: end] = k  # (H_kv, BLOCK, d)
                 kv.v[slot, :, end - BLOCK: end] = v
+
+    def store(self, slot: int, ids: Sequence[int], start: int) -> None:
+        """Keep the blocks of a prompt just prefilled into ``slot`` (its whole blocks not kept yet), its first
+        ``start`` tokens having come from the cache."""
         self.hits += start
         self.misses += len(ids) - start
-
-    def store(self, slot: int, ids: Sequence[int]) -> None:
-        """Keep the blocks of a prompt just prefilled into ``slot`` (its whole blocks not kept yet)."""
         kvs = self.caches.all()
         for end in range(BLOCK, len(ids) + 1, BLOCK):
             key = tuple(ids[:end])
