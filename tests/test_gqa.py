@@ -136,6 +136,59 @@ def test_padding_and_explicit_masks_on_both_paths():
     assert torch.all(m(x, key_padding_mask=pad, need_weights=True).weights[1, :, :, 3:] == 0)
 
 
+@pytest.mark.parametrize("n_kv_heads", [1, 3, 6])
+def test_one_query_decode_path_equals_the_explicit_heads_under_every_mask_shape(n_kv_heads):
+    """A decoding step (one query, cached keys) takes decode_attention on CPU: the heads of the written-out
+    equation (float64, 1e-12) under a padding mask, a per-head mask, a 3-D mask and none; a row that may attend to
+    nothing gets zeros."""
+    from lmforge.nn.attention import decode_attention, explicit_attention
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 6, 1, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(4, n_kv_heads, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    pad = torch.rand(4, 1, 1, 9, generator=g) > 0.4
+    pad[:, ..., 0], pad[3] = True, False  # row 3 sees nothing
+    per_head = torch.rand(4, 6, 1, 9, generator=g) > 0.4
+    per_head[..., 0] = True
+    three_d = torch.rand(6, 1, 9, generator=g) > 0.4  # broadcast as (H, T, S)
+    three_d[..., 0] = True
+    for mask in (pad, per_head, three_d, None):
+        expected, _ = explicit_attention(q, k, v, mask, 0.35, 0.0)
+        torch.testing.assert_close(decode_attention(q, k, v, mask, 0.35), expected, atol=1e-12, rtol=0)
+    assert torch.all(decode_attention(q, k, v, pad, 0.35)[3] == 0)
+    m = randomize(MultiHeadAttention(12, 6, causal=True, n_kv_heads=n_kv_heads)).eval()
+    x = torch.randn(2, 5, 12, generator=g)
+    explicit = m(x, need_weights=True).output[:, -1]  # the last position attends over all 5
+    cache = m.new_cache(2, 8, torch.float32, torch.device("cpu"))
+    m(x[:, :4], cache=cache)
+    torch.testing.assert_close(m(x[:, 4:], cache=cache).output[:, 0], explicit, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_query_decode_path_gives_a_row_the_same_bits_whatever_its_neighbours_and_columns(threads):
+    """What the engine's batched == alone rests on: a row's heads do not depend on the batch's size, on columns
+    beyond the row's own (a lone request steps fewer capacity columns) or on the thread count (a lone step runs
+    on one thread, a full one on two)."""
+    from lmforge.nn.attention import decode_attention
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(20, 9, 1, 64, generator=g)
+    k, v = (torch.randn(20, 3, 512, 64, generator=g) for _ in range(2))
+    lengths = torch.randint(1, 60, (20,), generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = [decode_attention(q[i:i + 1], k[i:i + 1, :, :64], v[i:i + 1, :, :64],
+                                  torch.arange(64)[None, None, None, :] <= lengths[i], 0.125) for i in range(20)]
+        torch.set_num_threads(threads)
+        for rows, columns in ((4, 64), (16, 128), (20, 512)):
+            visible = (torch.arange(columns)[None, :] <= lengths[:rows, None])[:, None, None, :]  # (B, 1, 1, C)
+            out = decode_attention(q[:rows], k[:rows, :, :columns], v[:rows, :, :columns], visible, 0.125)
+            assert all(torch.equal(out[i], alone[i][0]) for i in range(rows)), (rows, columns)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_bad_grouping_is_refused():
     with pytest.raises(ValueError, match="n_kv_heads"):
         MultiHeadAttention(12, 6, n_kv_heads=4)

@@ -64,8 +64,9 @@ def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: 
 class CpuCall(TorchFunctionMode):
     """How an eager CPU engine runs a model call, so that a row's bits never depend on its neighbours:
 
-    - attention (``F.scaled_dot_product_attention``) on one thread: on two, PyTorch's CPU kernel gives a row other
-      bits in a batch of 16 than of 4 (measured on torch 2.13), and the step's attention is a small part of it;
+    - the fused attention (``F.scaled_dot_product_attention``, a prefill's) on one thread: on two, PyTorch's CPU
+      kernel gives a row other bits in a batch of 16 than of 4 (measured on torch 2.13); a step's single queries
+      take ``nn.attention.decode_attention`` instead, whose bits depend on neither;
     - with ``weights_first`` (a step of 16 rows or more), ``F.linear(x, W, b)`` computed as ``(W @ xᵀ)ᵀ + b``,
       the same product with the weight as the left operand: for the 16 rows of a full decoding step MKL runs
       this form 1.4x faster (SmolLM2-135M: 46 ms of matrix products a step against 64 ms), and from 12 rows on
