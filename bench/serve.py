@@ -10,7 +10,8 @@ Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads
 the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
 questions, greedy, up to ``--new`` tokens, streamed so that the time to first token is seen). Printed per server
 and concurrency: aggregate completion tokens/s (from the ``usage`` the server reports), p50 / p99 time to first
-token and to the last token, errors. transformers serves the same model converted to a Hugging Face folder
+token and to the last token, errors, the clients' own CPU use (CPU seconds a second: they share the
+machine), and for lmforge its engine's steps in the load, their mean time and the engine's busy share (/metrics). transformers serves the same model converted to a Hugging Face folder
 (``lmforge convert --to-hf``): the same weights, the same chat template, the same greedy tokens.
 
 The soak sends ``--soak`` requests (random lengths; one in four abandoned after its first token) and reads the
@@ -104,14 +105,20 @@ def load(port: int, model: str, clients: int, per_client: int, new: int, questio
             with lock:
                 results.append(r)
 
-    start = time.perf_counter()
+    steps = engine_steps(port)
+    start, cpu = time.perf_counter(), time.process_time()
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     ok = [r for r in results if "error" not in r]
+    engine = {}
+    if steps is not None:  # lmforge serve: its engine's steps in this load, their mean time, its busy share
+        (n0, s0), (n1, s1) = steps, engine_steps(port)
+        engine = {"engine_steps": n1 - n0, "engine_step_ms": round(1000 * (s1 - s0) / max(n1 - n0, 1), 1),
+                  "engine_busy": round((s1 - s0) / wall, 3)}
 
     def pct(values: list[float], q: float) -> float:
         return round(statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0], 3)
@@ -120,7 +127,20 @@ def load(port: int, model: str, clients: int, per_client: int, new: int, questio
             "tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 1),
             "ttft_p50_s": pct([r["ttft"] for r in ok], 50), "ttft_p99_s": pct([r["ttft"] for r in ok], 99),
             "total_p50_s": pct([r["total"] for r in ok], 50), "total_p99_s": pct([r["total"] for r in ok], 99),
-            "first_error": next((r["error"] for r in results if "error" in r), None)}
+            "first_error": next((r["error"] for r in results if "error" in r), None),
+            "client_cpu_s_per_s": round(cpu / wall, 2), **engine}
+
+
+def engine_steps(port: int) -> tuple[int, float] | None:
+    """lmforge serve's engine counters from /metrics (steps, busy seconds); None from another server."""
+    found = {}
+    for line in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("lmforge_engine_steps_total", "lmforge_engine_busy_seconds_total"):
+            found[name] = float(value)
+    if len(found) < 2:
+        return None
+    return int(found["lmforge_engine_steps_total"]), found["lmforge_engine_busy_seconds_total"]
 
 
 def rss_mb(pid: int) -> float:

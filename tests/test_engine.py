@@ -205,8 +205,8 @@ def test_every_row_count_the_engine_steps_gives_a_row_the_same_bits(threads):
     """What batched == alone rests on, at the server's 2 threads: a row of a matrix product has the same bits in
     every row bucket an eager CPU engine steps (multiples of 4; MKL on 2 threads splits 5-7 and 9-11 rows
     otherwise), whether the step runs it as F.linear (4, 8, 12 rows) or weight-first (16 and more)."""
-    from lmforge.generation.calls import CpuCall
     from lmforge.generation.slots import STEP_ROWS
+    from lmforge.nn.linear import Linear, weights_first
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -215,16 +215,45 @@ def test_every_row_count_the_engine_steps_gives_a_row_the_same_bits(threads):
         rows = [*Engine(Decoder(get_preset("gpt-tiny")), slots=30).row_buckets, 8, 12]  # 8, 12: smaller engines'
         assert rows[:6] == [4, 16, 20, 24, 28, 32]
         for d_in, d_out in ((576, 960), (1536, 576), (64, 300)):
-            weight, bias, x = (torch.randn(d_out, d_in, generator=g), torch.randn(d_out, generator=g),
-                               torch.randn(32, d_in, generator=g))
-            for b in (None, bias):
-                full = torch.nn.functional.linear(x, weight, b)
+            x = torch.randn(32, d_in, generator=g)
+            for bias in (False, True):
+                layer = Linear(d_in, d_out, bias=bias)
+                torch.nn.init.normal_(layer.weight, generator=g)
+                if bias:
+                    torch.nn.init.normal_(layer.bias, generator=g)
+                full = torch.nn.functional.linear(x, layer.weight, layer.bias)
                 for n in rows:
-                    with CpuCall(weights_first=True) if n >= STEP_ROWS else contextlib.nullcontext():
-                        got = torch.nn.functional.linear(x[:n], weight, b)
-                    assert torch.equal(got, full[:n]), (d_in, d_out, n, b is None)
+                    with weights_first() if n >= STEP_ROWS else contextlib.nullcontext():
+                        got = layer(x[:n])
+                    assert torch.equal(got, full[:n]), (d_in, d_out, n, bias)
     finally:
         torch.set_num_threads(before)
+
+
+def test_weights_first_holds_for_its_own_thread_and_every_projection_of_a_decoder(monkeypatch):
+    """The switch is per thread (a server's engine thread sets it; the event loop's encoders do not see it), and
+    it reaches every projection of a decoder: attention, feed-forward and the LM head."""
+    import threading
+
+    from lmforge.nn import linear
+
+    calls = []
+    monkeypatch.setattr(linear, "weight_first_linear",
+                        lambda x, w, b: calls.append(tuple(w.shape)) or torch.nn.functional.linear(x, w, b))
+    model = Decoder(get_preset("gpt-tiny")).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    seen = []
+    with linear.weights_first():
+        other = threading.Thread(target=lambda: seen.append(linear.WEIGHTS_FIRST.get()))
+        other.start()
+        other.join()
+        with torch.no_grad():
+            model(ids)
+    assert seen == [False]
+    layers = len(model.layers)
+    assert len(calls) == 4 * layers + 1 and calls[-1][0] == model.config.embedding_rows
+    model(ids)
+    assert len(calls) == 4 * layers + 1  # outside the block: F.linear
 
 
 # -- compile once --------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from lmforge.generation.slots import STEP_ROWS
+from lmforge.nn.linear import weights_first
 
 
 def compiled(fn: Callable, device: torch.device, enabled: bool) -> Callable:
@@ -62,44 +63,28 @@ def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: 
 
 
 class CpuCall(TorchFunctionMode):
-    """How an eager CPU engine runs a model call, so that a row's bits never depend on its neighbours:
-
-    - the fused attention (``F.scaled_dot_product_attention``, a prefill's) on one thread: on two, PyTorch's CPU
-      kernel gives a row other bits in a batch of 16 than of 4 (measured on torch 2.13); a step's single queries
-      take ``nn.attention.decode_attention`` instead, whose bits depend on neither;
-    - with ``weights_first`` (a step of 16 rows or more), ``F.linear(x, W, b)`` computed as ``(W @ xᵀ)ᵀ + b``,
-      the same product with the weight as the left operand: for the 16 rows of a full decoding step MKL runs
-      this form 1.4x faster (SmolLM2-135M: 46 ms of matrix products a step against 64 ms), and from 12 rows on
-      it gives every row the bits ``F.linear`` gives it (1 and 2 threads, with and without bias).
-
-    tests/test_engine.py checks both on 2 threads: every row count an engine steps, and every logit of a request
-    alone and beside 15 others."""
-
-    def __init__(self, weights_first: bool = False) -> None:
-        super().__init__()
-        self.weights_first = weights_first
+    """How an eager CPU engine runs a prefill, so that a row's bits never depend on its neighbours: the fused
+    attention (``F.scaled_dot_product_attention``) on one thread, since on two PyTorch's CPU kernel gives a row
+    other bits in a batch of 16 than of 4 (measured on torch 2.13). A step's single queries take
+    ``nn.attention.decode_attention`` instead, whose bits depend on neither, so steps need no mode (a mode sees
+    every torch call: 15% of a SmolLM2 step)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             with one_thread():
                 return func(*args, **kwargs)
-        if func is not F.linear or not self.weights_first:
-            return func(*args, **kwargs)
-        x, weight = args[0], args[1]
-        bias = args[2] if len(args) > 2 else kwargs.get("bias")
-        rows = x.reshape(-1, x.shape[-1]).t()  # (D_in, R)
-        y = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)  # (D_out, R)
-        return y.t().contiguous().view(*x.shape[:-1], weight.shape[0])
+        return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
 def cpu_step(rows: int) -> Iterator[None]:
     """How an eager CPU engine runs a step of ``rows`` rows: from STEP_ROWS rows its products weight-first on the
-    engine's threads and its attention on one (``CpuCall``); below, all on one thread (a 4-row step gains nothing
-    from a second, and in a server loses to the other threads' contention: 100 -> 85 ms a token for SmolLM2
-    alone). A row's bits are the same every way (tests/test_engine.py)."""
-    with CpuCall(weights_first=True) if rows >= STEP_ROWS else one_thread():
+    engine's threads (``nn.linear.weights_first``: faster, the same bits as ``F.linear`` from 12 rows); below, all
+    on one thread (a 4-row step gains nothing from a second, and in a server loses to the other threads'
+    contention: 100 -> 85 ms a token for SmolLM2 alone). A row's bits are the same every way (tests/test_engine.py
+    checks every row count an engine steps, and every logit of a request alone and beside 15 others)."""
+    with weights_first() if rows >= STEP_ROWS else one_thread():
         yield
 
 

@@ -139,7 +139,7 @@ class Engine:
         else:
             self.row_buckets = buckets(MIN_ROWS, rows)
         # eager on CPU: attention on one thread, and steps of STEP_ROWS rows or more with their products
-        # weight-first (calls.CpuCall), so fast that 5 to 12 active rows step as 16 when the engine has them
+        # weight-first (calls.cpu_step), so fast that 5 to 12 active rows step as 16 when the engine has them
         self.cpu = fine and self.device.type == "cpu"
         if self.cpu and self.row_buckets[-1] >= STEP_ROWS:
             self.row_buckets = [b for b in self.row_buckets if b == MIN_ROWS or b >= STEP_ROWS]

@@ -40,7 +40,7 @@ import torch
 from lmforge.nn.layers import LayerCache
 
 MIN_ROWS = 4  # the smallest step bucket: below 4 rows a row's logits depend on the batch size (BLAS kernels)
-STEP_ROWS = 16  # from 16 rows an eager CPU step runs weight-first (calls.CpuCall): faster, the same bits
+STEP_ROWS = 16  # from 16 rows an eager CPU step runs weight-first (nn.linear.weights_first): faster, the same bits
 
 
 def buckets(smallest: int, largest: int) -> list[int]:

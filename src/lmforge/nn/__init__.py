@@ -4,6 +4,7 @@ from lmforge.nn.attention import AttentionOutput, MultiHeadAttention, attention_
 from lmforge.nn.attention2d import SpatialSelfAttention, Transformer2D, Transformer2DLayer, sinusoidal_positions_2d
 from lmforge.nn.cache import KVCache
 from lmforge.nn.layers import FeedForward, LayerCache, LayerOutput, TransformerLayer, activation_fn
+from lmforge.nn.linear import Linear, weights_first
 from lmforge.nn.lstm import LSTM, LSTMCell, LSTMOutput
 from lmforge.nn.norms import RMSNorm, make_norm
 from lmforge.nn.positions import (
@@ -26,6 +27,7 @@ __all__ = [
     "LayerCache",
     "LayerOutput",
     "LearnedPositions",
+    "Linear",
     "MultiHeadAttention",
     "MultiplicativeAttention",
     "RMSNorm",
@@ -42,4 +44,5 @@ __all__ = [
     "scale_embedding",
     "sinusoidal_positions_2d",
     "sinusoidal_table",
+    "weights_first",
 ]

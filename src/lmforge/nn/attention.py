@@ -13,11 +13,12 @@ Two paths give the same outputs: the explicit path writes the softmax out and ca
 weights (for inspection and teaching); the fast path calls ``torch.nn.functional.scaled_dot_product_attention``
 (fused kernels, no (T, T) weight tensor kept for backward). Asking for weights selects the explicit path.
 
-Weight convention (DESIGN.md): every projection is an ``nn.Linear`` (out, in). Head h uses rows
-[h*d_qk, (h+1)*d_qk) of W_q, key/value head g rows [g*d_qk, (g+1)*d_qk) of W_k and [g*d_v, (g+1)*d_v) of
-W_v. Per-head query/key width d_qk and value width d_v may differ (seed 000 Q2's M_QK and M_V). For
-self-attention W_q (H d_qk rows), W_k (H_kv d_qk) and W_v (H_kv d_v) are stacked in one ``in_proj`` (one
-matmul instead of three); cross-attention has ``q_proj`` for the queries and ``kv_proj`` for the memory.
+Weight convention (DESIGN.md): every projection is an ``nn.Linear`` (out, in) (``nn.linear.Linear``: it can
+also compute weight-first, for the decoding engine). Head h uses rows [h*d_qk, (h+1)*d_qk) of W_q, key/value
+head g rows [g*d_qk, (g+1)*d_qk) of W_k and [g*d_v, (g+1)*d_v) of W_v. Per-head query/key width d_qk and value
+width d_v may differ (seed 000 Q2's M_QK and M_V). For self-attention W_q (H d_qk rows), W_k (H_kv d_qk) and
+W_v (H_kv d_v) are stacked in one ``in_proj`` (one matmul instead of three); cross-attention has ``q_proj``
+for the queries and ``kv_proj`` for the memory.
 
 Masks are boolean with True = may attend. A query that may attend to nothing gets zero weights and a
 zero output on both paths.
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.nn.cache import KVCache
+from lmforge.nn.linear import Linear
 from lmforge.nn.norms import RMSNorm
 from lmforge.nn.positions import RotaryEmbedding
 
@@ -213,11 +215,11 @@ class MultiHeadAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.d_qk)
         q, k, v = self.widths()
         if cross:
-            self.q_proj = nn.Linear(d_model, q, bias=bias)
-            self.kv_proj = nn.Linear(d_memory or d_model, k + v, bias=bias)  # [W_k; W_v]
+            self.q_proj = Linear(d_model, q, bias=bias)
+            self.kv_proj = Linear(d_memory or d_model, k + v, bias=bias)  # [W_k; W_v]
         else:
-            self.in_proj = nn.Linear(d_model, q + k + v, bias=bias)  # [W_q; W_k; W_v]
-        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
+            self.in_proj = Linear(d_model, q + k + v, bias=bias)  # [W_q; W_k; W_v]
+        self.out_proj = Linear(n_heads * self.d_v, d_model, bias=bias)
         self.q_norm = RMSNorm(self.d_qk, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.d_qk, eps) if qk_norm else None
 

@@ -109,8 +109,8 @@ def create_app(service: ModelService) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(service.metrics.text(*service.load(), prefix=service.prefix_tokens()),
-                                 media_type="text/plain; version=0.0.4")
+        text = service.metrics.text(*service.load(), prefix=service.prefix_tokens(), steps=service.steps())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

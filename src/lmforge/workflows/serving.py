@@ -35,6 +35,7 @@ class EngineThread:
         self.engine = engine
         self.wake = threading.Event()
         self.stopping = False
+        self.steps, self.busy = 0, 0.0  # steps taken, and seconds spent in them (/metrics)
         self.thread = threading.Thread(target=self.loop, name="lmforge-engine", daemon=True)
         self.thread.start()
 
@@ -49,7 +50,9 @@ class EngineThread:
                 self.wake.wait(0.2)
                 self.wake.clear()
                 continue
+            began = time.perf_counter()
             self.engine.step()
+            self.steps, self.busy = self.steps + 1, self.busy + time.perf_counter() - began
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stopping = True
@@ -79,8 +82,10 @@ class Metrics:
                 if seconds <= bound:
                     self.ttft_buckets[bound] += 1
 
-    def text(self, queue: int, busy: int, slots: int, prefix: tuple[int, int] = (0, 0)) -> str:
-        """The counters; ``prefix``: prompt tokens taken from the prefix cache and computed (its hits and misses)."""
+    def text(self, queue: int, busy: int, slots: int, prefix: tuple[int, int] = (0, 0),
+             steps: tuple[int, float] = (0, 0.0)) -> str:
+        """The counters; ``prefix``: prompt tokens taken from the prefix cache and computed (its hits and misses);
+        ``steps``: the engine's steps and the seconds they took (busy / wall time: how loaded it is)."""
         lines = ["# HELP lmforge_requests_total HTTP requests by endpoint and status code",
                  "# TYPE lmforge_requests_total counter"]
         lines += [f'lmforge_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in
@@ -96,6 +101,11 @@ class Metrics:
                   f"lmforge_prefix_cached_tokens_total {prefix[0]}",
                   "# TYPE lmforge_prefix_computed_tokens_total counter",
                   f"lmforge_prefix_computed_tokens_total {prefix[1]}",
+                  "# HELP lmforge_engine_steps_total engine steps (admissions, prefills and one decoded token a slot)",
+                  "# TYPE lmforge_engine_steps_total counter", f"lmforge_engine_steps_total {steps[0]}",
+                  "# HELP lmforge_engine_busy_seconds_total seconds the engine spent stepping",
+                  "# TYPE lmforge_engine_busy_seconds_total counter",
+                  f"lmforge_engine_busy_seconds_total {steps[1]:.6f}",
                   "# HELP lmforge_time_to_first_token_seconds from a request's arrival to its first token",
                   "# TYPE lmforge_time_to_first_token_seconds histogram"]
         cumulative = 0
@@ -180,6 +190,10 @@ class ModelService:
         """Prompt tokens the prefix cache supplied and those computed, for /metrics ((0, 0) without one)."""
         prefix = self.engine.engine.prefix if self.engine else None
         return (prefix.hits, prefix.misses) if prefix else (0, 0)
+
+    def steps(self) -> tuple[int, float]:
+        """The engine's steps so far and the seconds they took, for /metrics ((0, 0.0) without an engine)."""
+        return (self.engine.steps, self.engine.busy) if self.engine else (0, 0.0)
 
     # -- the work -------------------------------------------------------------------------------------------
     def prompt_ids(self, text: str) -> list[int]:
