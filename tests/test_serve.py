@@ -145,9 +145,16 @@ def test_models_health_metrics_and_the_page(server):
     for _ in range(2):  # the same long beginning twice: the second time it comes from the prefix cache
         client(url).chat.completions.create(model="chat-model", messages=asked, max_tokens=2, temperature=0)
     counts = dict(line.split() for line in requests.get(f"{url}/metrics").text.splitlines()
-                  if line.startswith("lmforge_prefix_"))
+                  if line.startswith(("lmforge_prefix_", "lmforge_engine_")))
     assert int(counts["lmforge_prefix_cached_tokens_total"]) >= 16
     assert int(counts["lmforge_prefix_computed_tokens_total"]) > 0
+    steps, busy = int(counts["lmforge_engine_steps_total"]), float(counts["lmforge_engine_busy_seconds_total"])
+    assert steps >= 2 and busy > 0  # each request's prefill step at least; their time counted
+    client(url).chat.completions.create(model="chat-model", messages=asked, max_tokens=3, temperature=0)
+    after = dict(line.split() for line in requests.get(f"{url}/metrics").text.splitlines()
+                 if line.startswith("lmforge_engine_"))
+    assert int(after["lmforge_engine_steps_total"]) >= steps + 2  # 3 tokens: the prefill's and two steps
+    assert float(after["lmforge_engine_busy_seconds_total"]) > busy
     page = requests.get(f"{url}/").text
     assert "<script>" in page and "http://" not in page.split("<script>")[1]  # no CDN: one self-contained page
 
