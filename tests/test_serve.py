@@ -242,6 +242,25 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits_0(model_dir):
             proc.kill()
 
 
+def test_a_port_in_use_is_one_clear_line(model_dir):
+    """The HTTP server runs beside the engine (which steps on the main thread): when it cannot listen, the command
+    says so in one line and exits non-zero instead of serving nothing."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+        done = subprocess.run([sys.executable, "-m", "lmforge.cli", "serve", "--model", str(model_dir), "--port",
+                               str(port), "--threads", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("lmforge")]
+    assert lines == [f"lmforge: error: --host 127.0.0.1 --port {port}: the server could not listen (is the port "
+                     "in use?)"]
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.slow
 def test_smollm2_answers_through_the_openai_client():
     from lmforge.data.sources import smollm2_path

@@ -4,9 +4,11 @@
     g = service.complete(service.chat_ids(messages), Request(..., on_token=...))   # thread-safe
     service.embed(["a text"]), service.classify(["a text"])                      # encoders, classifiers
 
-The decoding engine (generation/engine.py) runs in its own thread (``EngineThread``): the HTTP layer only submits
-requests and receives tokens through callbacks, never running the model on its event loop. Encoders and
-classifiers answer in a worker thread of the caller's choosing. ``Metrics`` counts what ``/metrics`` shows.
+The decoding engine (generation/engine.py) steps in a thread of its own (``EngineThread``), or in the caller's
+(``EngineThread.run``: ``lmforge serve`` steps it on the main thread and runs the HTTP server beside it): the HTTP
+layer only submits requests and receives tokens through callbacks, never running the model on its event loop.
+Encoders and classifiers answer in a worker thread of the caller's choosing. ``Metrics`` counts what ``/metrics``
+shows.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,23 +32,35 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class EngineThread:
-    """The engine's loop in a daemon thread: it steps while anything is waiting or active, and sleeps otherwise."""
+    """The engine's loop: it steps while anything is waiting or active, and sleeps otherwise; in a daemon thread
+    of its own (``start=True``) or in the thread that calls ``run``.
 
-    def __init__(self, engine: Engine) -> None:
+    Why a caller may want the loop on its main thread: PyTorch's CPU threads come from OpenMP, which keeps a team
+    of worker threads for each thread that runs parallel work. A model loaded on the main thread and stepped on
+    another makes two teams; libgomp then has more threads than cores and spins only briefly before sleeping, and
+    every parallel region of a step pays the wake-up: a SmolLM2 step took 180-200 ms on a second thread against
+    120-130 ms on the loading one (2 cores, torch 2.13, measured alternately)."""
+
+    def __init__(self, engine: Engine, start: bool = True) -> None:
         self.engine = engine
         self.wake = threading.Event()
         self.stopping = False
         self.steps, self.busy = 0, 0.0  # steps taken, and seconds spent in them (/metrics)
-        self.thread = threading.Thread(target=self.loop, name="lmforge-engine", daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self.loop, name="lmforge-engine", daemon=True) if start else None
+        if self.thread is not None:
+            self.thread.start()
 
     def submit(self, request: Request) -> Generation:
         generation = self.engine.submit(request)
         self.wake.set()
         return generation
 
-    def loop(self) -> None:
-        while not self.stopping:
+    def run(self, until: Callable[[], bool]) -> None:
+        """Step in this thread until ``until()`` is true (checked between steps and at least every 0.2 s)."""
+        self.loop(until)
+
+    def loop(self, until: Callable[[], bool] = lambda: False) -> None:
+        while not self.stopping and not until():
             if self.engine.idle():
                 self.wake.wait(0.2)
                 self.wake.clear()
@@ -57,7 +72,8 @@ class EngineThread:
     def stop(self, timeout: float = 10.0) -> None:
         self.stopping = True
         self.wake.set()
-        self.thread.join(timeout)
+        if self.thread is not None:
+            self.thread.join(timeout)
 
 
 @dataclass
@@ -122,7 +138,7 @@ class ModelService:
     """One model directory behind the HTTP API: its capabilities, the engine thread, the limits, the metrics."""
 
     def __init__(self, model: nn.Module, tokenizer: Any, name: str, options: ServeOptions,
-                 chat_format: Any = None, info: dict[str, Any] | None = None) -> None:
+                 chat_format: Any = None, info: dict[str, Any] | None = None, engine_thread: bool = True) -> None:
         from lmforge.models.interfaces import generates_text
 
         self.model, self.tokenizer, self.name, self.options = model, tokenizer, name, options
@@ -140,12 +156,14 @@ class ModelService:
             began = time.perf_counter()
             graphs = engine.warmup()  # compiled: every graph before the first request, none while serving
             self.warmup = (graphs, time.perf_counter() - began) if graphs else None
-            self.engine = EngineThread(engine)
+            self.engine = EngineThread(engine, start=engine_thread)  # else the caller runs it (EngineThread.run)
         self.model_lock = threading.Lock()  # encoders and classifiers: one batch at a time
 
     @classmethod
-    def open(cls, path: str | Path, options: ServeOptions, runtime: Runtime | None = None) -> ModelService:
-        """Load a model directory (verified like every other read) for serving."""
+    def open(cls, path: str | Path, options: ServeOptions, runtime: Runtime | None = None,
+             engine_thread: bool = True) -> ModelService:
+        """Load a model directory (verified like every other read) for serving; ``engine_thread=False``: the
+        caller steps the engine itself (``service.engine.run``)."""
         from lmforge.interop.directories import load, load_finetuned
         from lmforge.workflows.chat import chat_format
 
@@ -159,7 +177,8 @@ class ModelService:
         if tokenizer is None:
             raise LmforgeError(f"--model: {folder} has no tokenizer; the server reads and writes text")
         model = model.to(DTYPES[options.dtype]).eval()
-        return cls(model, tokenizer, folder.resolve().name, options, chat_format(folder, tokenizer, model), info)
+        return cls(model, tokenizer, folder.resolve().name, options, chat_format(folder, tokenizer, model), info,
+                   engine_thread)
 
     # -- capabilities ---------------------------------------------------------------------------------------
     def can(self, endpoint: str) -> str | None:
