@@ -171,7 +171,7 @@ class ServeOptions:
     context: int | None = setting(None, "longest prompt + reply a slot holds (default: the model's, at most 2048)",
                                   min=1, metavar="N")
     compile: bool | None = setting(None, "compile the engine's graphs (default: on CUDA)")
-    prefix_cache: int = setting(64, "blocks of 16 prompt tokens kept to reuse shared prompt beginnings "
+    prefix_cache: int = setting(128, "blocks of 8 prompt tokens kept to reuse shared prompt beginnings "
                                     "(eager engines; 0: off)", min=0, metavar="BLOCKS")
     max_tokens: int = setting(256, "new tokens when a request does not say", min=1, metavar="N")
     max_body: int = setting(1_000_000, "largest request body in bytes (413 beyond)", min=1, metavar="BYTES")
