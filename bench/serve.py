@@ -8,11 +8,12 @@ one run; then a soak of ``lmforge serve``.
 
 Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
 the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
-questions, greedy, up to ``--new`` tokens, streamed so that the time to first token is seen). Printed per server
-and concurrency: aggregate completion tokens/s (from the ``usage`` the server reports), p50 / p99 time to first
-token and to the last token, errors, the clients' own CPU use (CPU seconds a second: they share the
-machine), and for lmforge its engine's steps in the load, their mean time and the engine's busy share (/metrics). transformers serves the same model converted to a Hugging Face folder
-(``lmforge convert --to-hf``): the same weights, the same chat template, the same greedy tokens.
+questions, greedy, up to ``--new`` tokens, streamed so that the time to first token is seen). Printed per server and
+concurrency: aggregate completion tokens/s (from the ``usage`` the server reports), p50 / p99 time to first token
+and to the last token, errors, the clients' own CPU use (CPU seconds a second: they share the machine), and for
+lmforge its engine's steps in the load, their mean time and the engine's busy share (/metrics). transformers serves
+the same model converted to a Hugging Face folder (``lmforge convert --to-hf``): the same weights, the same chat
+template, the same greedy tokens.
 
 The soak sends ``--soak`` requests (random lengths; one in four abandoned after its first token) and reads the
 server's resident memory after the first 10% and at the end.

@@ -138,7 +138,7 @@ class Engine:
             self.row_buckets = multiples(MIN_ROWS, -(-rows // MIN_ROWS) * MIN_ROWS)
         else:
             self.row_buckets = buckets(MIN_ROWS, rows)
-        # eager on CPU: attention on one thread, and steps of STEP_ROWS rows or more with their products
+        # eager on CPU: a prefill's attention on one thread, and steps of STEP_ROWS rows or more with their products
         # weight-first (calls.cpu_step), so fast that 5 to 12 active rows step as 16 when the engine has them
         self.cpu = fine and self.device.type == "cpu"
         if self.cpu and self.row_buckets[-1] >= STEP_ROWS:
@@ -349,7 +349,7 @@ class Engine:
         layers = self.caches.prefill(torch.tensor(slots, device=self.device), start)
         if not self.seq2seq:
             last = torch.tensor([len(ids) - 1 - start for ids in prompts], device=self.device)  # (B,)
-            with CpuCall() if self.cpu else contextlib.nullcontext():  # attention on one thread
+            with CpuCall() if self.cpu else contextlib.nullcontext():  # the fused attention on one thread
                 return self.prefill_fn(self.model, layers, padded, last)
         (i,), (ids,) = slots, prompts
         n = len(ids)
