@@ -39,7 +39,7 @@ def run(engine: Engine, prompts: list[list[int]], new: int = 12) -> list:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_continued_prefill_gives_the_bits_of_the_whole_prompt(llama, threads):
-    """The second question reuses the first one's blocks (32 tokens) and computes only its own end: every
+    """The second question reuses the first one's blocks (2 x BLOCK tokens) and computes only its own end: every
     logit of every step equals the one the engine without a prefix cache computes, bit for bit."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -49,7 +49,7 @@ def test_a_continued_prefill_gives_the_bits_of_the_whole_prompt(llama, threads):
         run(cached, [first])
         assert cached.prefix.longest(second) == 2 * BLOCK and cached.prefix.hits == 0
         reused = run(cached, [second])[0]
-        assert cached.prefix.hits == 2 * BLOCK  # the second prompt's first 32 tokens were not computed
+        assert cached.prefix.hits == 2 * BLOCK  # the second prompt's first 2 x BLOCK tokens were not computed
         plain = run(Engine(llama, slots=4), [second])[0]
         assert reused.tokens == plain.tokens
         assert all(torch.equal(a, b) for a, b in zip(reused.logits, plain.logits, strict=True))
