@@ -150,7 +150,7 @@ def decode_attention(
     b, h, t, _ = q.shape
     g = k.shape[1]
     grouped = q.reshape(b, g, h // g * t, q.shape[-1])  # (B, H_kv, r, d_qk): head h = g*r + j
-    if mask is not None and mask.dim() >= 3 and not (mask.dim() == 4 and mask.shape[1] == 1):  # per head
+    if mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1:  # one mask per head: as the groups' rows
         mask = mask.expand(b, h, t, mask.shape[-1]).reshape(b, g, h // g * t, mask.shape[-1])  # (B, H_kv, r, S)
     weights = attention_scores_softmax(grouped, k, mask, scale)  # (B, H_kv, r, S)
     return torch.matmul(weights, v).view(b, h, t, v.shape[-1])  # (B, H, 1, d_v)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 
 import uvicorn
 
@@ -61,4 +62,4 @@ def step_until(service: ModelService, done) -> None:
         service.engine.run(until=done)
         return
     while not done():
-        threading.Event().wait(0.1)
+        time.sleep(0.1)

@@ -46,7 +46,7 @@ class EngineThread:
         self.wake = threading.Event()
         self.stopping = False
         self.steps, self.busy = 0, 0.0  # steps taken, and seconds spent in them (/metrics)
-        self.thread = threading.Thread(target=self.loop, name="lmforge-engine", daemon=True) if start else None
+        self.thread = threading.Thread(target=self.run, name="lmforge-engine", daemon=True) if start else None
         if self.thread is not None:
             self.thread.start()
 
@@ -55,11 +55,9 @@ class EngineThread:
         self.wake.set()
         return generation
 
-    def run(self, until: Callable[[], bool]) -> None:
-        """Step in this thread until ``until()`` is true (checked between steps and at least every 0.2 s)."""
-        self.loop(until)
-
-    def loop(self, until: Callable[[], bool] = lambda: False) -> None:
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Step in this thread until ``until()`` is true (checked between steps and at least every 0.2 s) or
+        ``stop()`` is called."""
         while not self.stopping and not until():
             if self.engine.idle():
                 self.wake.wait(0.2)
