@@ -174,19 +174,25 @@ def test_disconnects_free_their_slots(server):
 
 
 def test_api_key_queue_limit_and_body_limit(model_dir):
-    with live_server(model_dir, slots=1, max_queue=0, api_key="s3cret", max_body=2000) as (url, _):
+    from lmforge.generation.engine import Request as EngineRequest
+
+    with live_server(model_dir, slots=1, max_queue=0, api_key="s3cret", max_body=2000) as (url, service):
         with pytest.raises(openai.AuthenticationError):
             client(url, "wrong").models.list()
         assert requests.get(f"{url}/health").status_code == 200  # not under /v1: open
         c = client(url, "s3cret")
         assert c.models.list().data
-        busy = threading.Thread(target=lambda: c.chat.completions.create(model="m", messages=QUESTION,
-                                                                          max_tokens=200, temperature=0))
-        busy.start()
-        time.sleep(0.3)  # the one slot is taken; a second request would wait, and no one may
+        # no queue, one free slot: a request is served
+        assert c.chat.completions.create(model="m", messages=QUESTION, max_tokens=3).choices[0].message
+        ids = service.chat_ids(QUESTION)
+        busy = service.complete(EngineRequest(ids, max_new_tokens=service.context - len(ids), stop_ids=[]))
+        deadline = time.monotonic() + 30
+        while not busy.tokens and time.monotonic() < deadline:
+            time.sleep(0.01)
         r = requests.post(f"{url}/v1/chat/completions", json={"messages": QUESTION},
-                       headers={"Authorization": "Bearer s3cret"})
-        busy.join(120)
+                       headers={"Authorization": "Bearer s3cret"})  # the one slot is taken: it would wait
+        assert not busy.done  # still decoding when the second came
+        busy.cancel()
         assert r.status_code == 429 and r.headers["Retry-After"] == "1"
         big = requests.post(f"{url}/v1/chat/completions", headers={"Authorization": "Bearer s3cret"},
                          json={"messages": [{"role": "user", "content": "x" * 3000}]})

@@ -193,8 +193,12 @@ class ModelService:
         return None
 
     def queue_full(self) -> bool:
+        """Whether a new request would have to wait beyond ``--max-queue``: the free slots take the first ones."""
         engine = self.engine.engine if self.engine else None
-        return engine is not None and len(engine.waiting) >= self.options.max_queue
+        if engine is None:
+            return False
+        free = engine.n_slots - len(engine.active)
+        return len(engine.waiting) >= self.options.max_queue + free
 
     def load(self) -> tuple[int, int, int]:
         """(waiting, slots in use, slots) for /metrics and /health."""
