@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -93,23 +91,29 @@ def test_greedy_answers_equal_alone_and_beside_15_others(llama):
                                                    use_cache=False).to_lists()  # = the plain recomputation
 
 
-def test_two_threads_a_request_alone_and_beside_15_others_gets_the_same_logits(llama):
-    """On 2 threads an eager CPU engine steps a lone request as 4 rows on one thread and a full batch as 16 rows
-    weight-first on two: every logit of every step is the same bits either way."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_threads_a_request_alone_and_beside_15_others_gets_the_same_logits(llama, dtype):
+    """On 2 threads an eager CPU engine steps a lone float32 request as 1 row and a full batch as 16 (packed
+    products, on both threads), a bfloat16 one as 4 and 16 rows on one thread: every logit of every step is the
+    same bits either way."""
+    import copy
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    model = llama if dtype == torch.float32 else copy.deepcopy(llama).to(dtype)
     try:
         work = prompts(16, seed=9)
-        engine = Engine(llama, slots=16)
+        engine = Engine(model, slots=16)
+        assert engine.packed == (dtype == torch.float32)
         handles = [engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True)) for ids in work]
         engine.run()
         for ids, g in zip(work, handles, strict=True):
-            lone = Engine(llama, slots=16)
+            lone = Engine(model, slots=16)
             one = lone.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True))
             lone.run()
             assert one.tokens == g.tokens
             assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
-        assert torch.get_num_threads() == 2  # the one-thread steps gave the threads back
+        assert torch.get_num_threads() == 2  # one-thread steps give the threads back
     finally:
         torch.set_num_threads(before)
 
@@ -187,73 +191,110 @@ def test_buckets():
 
 
 def test_eager_buckets_are_fine_compiled_ones_few(llama):
-    """Eager (CPU's default) pads little: every row count from MIN_ROWS, prompts to a multiple of 8, columns to a
-    multiple of 32; compiled keeps powers of two (one graph each)."""
+    """Eager on CPU with float32 weights steps exactly its active rows (packed products: calls.py); other eager
+    engines every multiple of MIN_ROWS; prompts to a multiple of 8, columns to a multiple of 32; compiled keeps
+    powers of two (one graph each)."""
     eager = Engine(llama, slots=16, capacity=128, compile=False)
-    assert eager.row_buckets == [4, 16] and eager.n_slots == 16  # 5 to 16 rows: weight-first (calls.py)
-    assert Engine(llama, slots=8, capacity=128).row_buckets == [4, 8]
-    assert Engine(llama, slots=10, capacity=128).row_buckets == [4, 8, 12]  # rounded up to a multiple of 4
-    assert bucket(37, eager.prompt_buckets) == 40 and bucket(9, eager.row_buckets) == 16
+    assert eager.packed and eager.row_buckets == list(range(1, 17)) and eager.n_slots == 16
+    assert bucket(37, eager.prompt_buckets) == 40 and bucket(9, eager.row_buckets) == 9
     assert eager.capacity_buckets == [32, 64, 96, 128]
+    half = Decoder(llama.config).to(torch.bfloat16).eval()  # no packed bf16 products on CPU: multiples of 4
+    assert not Engine(half, slots=8, capacity=128).packed
+    assert Engine(half, slots=8, capacity=128).row_buckets == [4, 8]
+    assert Engine(half, slots=10, capacity=128).row_buckets == [4, 8, 12]  # rounded up to a multiple of 4
     compiled = Engine(llama, slots=16, capacity=128, compile=True)  # nothing is compiled before its first call
     assert compiled.row_buckets == [4, 8, 16] and bucket(37, compiled.prompt_buckets) == 64
     assert bucket(5, compiled.row_buckets) == 8 and compiled.capacity_buckets == [64, 128]
 
 
+def test_unmerged_lora_is_not_packed(llama):
+    """LoRA's extra products are plain ones (their bits depend on the row count): such a model steps as the
+    unpacked engines do, in multiples of MIN_ROWS on one thread."""
+    import copy
+
+    from lmforge.nn.lora import inject_lora
+
+    tuned = copy.deepcopy(llama)
+    inject_lora(tuned, r=2)
+    engine = Engine(tuned.eval(), slots=8)
+    assert not engine.packed and engine.row_buckets == [4, 8]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_every_row_count_the_engine_steps_gives_a_row_the_same_bits(threads):
-    """What batched == alone rests on, at the server's 2 threads: a row of a matrix product has the same bits in
-    every row bucket an eager CPU engine steps (multiples of 4; MKL on 2 threads splits 5-7 and 9-11 rows
-    otherwise), whether the step runs it as F.linear (4, 8, 12 rows) or weight-first (16 and more)."""
-    from lmforge.generation.slots import STEP_ROWS
-    from lmforge.nn.linear import Linear, weights_first
+def test_packed_products_give_a_row_the_same_bits_beside_any_number_of_rows(threads):
+    """What batched == alone rests on: a row of a packed product has the same bits for every row count from 1 to
+    40 (an engine's steps) and 64, on 1 and 2 threads (the server's), with and without bias, on SmolLM2's shapes;
+    and it is F.linear's value to float rounding."""
+    from lmforge.nn.linear import Linear, packed_products
 
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
     try:
-        g = torch.Generator().manual_seed(0)
-        rows = [*Engine(Decoder(get_preset("gpt-tiny")), slots=30).row_buckets, 8, 12]  # 8, 12: smaller engines'
-        assert rows[:6] == [4, 16, 20, 24, 28, 32]
-        for d_in, d_out in ((576, 960), (1536, 576), (64, 300)):
-            x = torch.randn(32, d_in, generator=g)
+        for d_in, d_out in ((576, 960), (1536, 576), (576, 3072), (64, 300)):
+            x = torch.randn(64, d_in, generator=g)
             for bias in (False, True):
                 layer = Linear(d_in, d_out, bias=bias)
-                torch.nn.init.normal_(layer.weight, generator=g)
+                torch.nn.init.normal_(layer.weight, std=d_in ** -0.5, generator=g)
                 if bias:
                     torch.nn.init.normal_(layer.bias, generator=g)
-                full = torch.nn.functional.linear(x, layer.weight, layer.bias)
-                for n in rows:
-                    with weights_first() if n >= STEP_ROWS else contextlib.nullcontext():
-                        got = layer(x[:n])
-                    assert torch.equal(got, full[:n]), (d_in, d_out, n, bias)
+                with torch.no_grad():
+                    full = torch.nn.functional.linear(x, layer.weight, layer.bias)
+                    torch.set_num_threads(threads)
+                    with packed_products():
+                        rows = [layer(x[:n]) for n in [*range(1, 41), 64]]
+                    torch.set_num_threads(before)
+                for got in rows:
+                    assert torch.equal(got, rows[-1][: len(got)]), (d_in, d_out, len(got), bias)
+                torch.testing.assert_close(rows[-1], full, atol=1e-5, rtol=1e-5)
     finally:
         torch.set_num_threads(before)
 
 
-def test_weights_first_holds_for_its_own_thread_and_every_projection_of_a_decoder(monkeypatch):
-    """The switch is per thread (a server's engine thread sets it; the event loop's encoders do not see it), and
-    it reaches every projection of a decoder: attention, feed-forward and the LM head."""
+def test_packed_products_hold_for_their_own_thread_and_every_projection_of_a_decoder(monkeypatch):
+    """The switch is per thread (a server's engine thread sets it; the event loop's encoders do not see it), it
+    reaches every projection of a decoder (attention, feed-forward, the LM head), and not with autograd on."""
     import threading
 
     from lmforge.nn import linear
 
     calls = []
-    monkeypatch.setattr(linear, "weight_first_linear",
-                        lambda x, w, b: calls.append(tuple(w.shape)) or torch.nn.functional.linear(x, w, b))
+    real = linear.packed_weight
+    monkeypatch.setattr(linear, "packed_weight", lambda layer: calls.append(tuple(layer.weight.shape)) or real(layer))
     model = Decoder(get_preset("gpt-tiny")).eval()
     ids = torch.tensor([[1, 2, 3]])
     seen = []
-    with linear.weights_first():
-        other = threading.Thread(target=lambda: seen.append(linear.WEIGHTS_FIRST.get()))
+    with linear.packed_products():
+        other = threading.Thread(target=lambda: seen.append(linear.PACKED.get()))
         other.start()
         other.join()
         with torch.no_grad():
             model(ids)
+        model(ids)  # autograd recording: F.linear
     assert seen == [False]
     layers = len(model.layers)
     assert len(calls) == 4 * layers + 1 and calls[-1][0] == model.config.embedding_rows
-    model(ids)
+    with torch.no_grad():
+        model(ids)
     assert len(calls) == 4 * layers + 1  # outside the block: F.linear
+
+
+def test_a_changed_weight_is_packed_again():
+    """An optimizer step or a load_state_dict between two engine calls: the next packed product uses the new
+    weight, not the copy packed before."""
+    from lmforge.nn.linear import Linear, packed_products
+
+    layer = Linear(32, 16)
+    x = torch.randn(5, 32)
+    with torch.no_grad(), packed_products():
+        first = layer(x)
+        layer.weight.mul_(2.0)  # in place, as an optimizer does
+        doubled = layer(x)
+        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        layer.load_state_dict({"weight": torch.zeros(16, 32), "bias": torch.ones(16)})
+        loaded = layer(x)
+    assert not torch.equal(doubled, first)
+    torch.testing.assert_close(doubled, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(loaded, torch.ones(5, 16))
 
 
 # -- compile once --------------------------------------------------------------------------------------------------

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from lmforge.generation.slots import STEP_ROWS
-from lmforge.nn.linear import weights_first
+from lmforge.nn.linear import packed_products
 
 
 def compiled(fn: Callable, device: torch.device, enabled: bool) -> Callable:
@@ -63,11 +62,10 @@ def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: 
 
 
 class CpuCall(TorchFunctionMode):
-    """How an eager CPU engine runs a prefill, so that a row's bits never depend on its neighbours: the fused
-    attention (``F.scaled_dot_product_attention``) on one thread, since on two PyTorch's CPU kernel gives a row
-    other bits in a batch of 16 than of 4 (measured on torch 2.13). A step's single queries take
-    ``nn.attention.decode_attention`` instead, whose bits depend on neither, so steps need no mode (a mode sees
-    every torch call: 15% of a SmolLM2 step)."""
+    """A prefill on an eager CPU engine: the fused attention (``F.scaled_dot_product_attention``) on one thread,
+    since on two PyTorch's CPU kernel gives a row other bits in a batch of 16 than of 4 (measured on torch 2.13).
+    A step's single queries take ``nn.attention.decode_attention`` instead, whose bits depend neither on the batch
+    nor on the threads, so steps need no mode (a mode sees every torch call: 15% of a SmolLM2 step)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -78,13 +76,23 @@ class CpuCall(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def cpu_step(rows: int) -> Iterator[None]:
-    """How an eager CPU engine runs a step of ``rows`` rows: from STEP_ROWS rows its products weight-first on the
-    engine's threads (``nn.linear.weights_first``: faster, the same bits as ``F.linear`` from 12 rows); below, all
-    on one thread (a 4-row step gains nothing from a second, and in a server loses to the other threads'
-    contention: 100 -> 85 ms a token for SmolLM2 alone). A row's bits are the same every way (tests/test_engine.py
-    checks every row count an engine steps, and every logit of a request alone and beside 15 others)."""
-    with weights_first() if rows >= STEP_ROWS else one_thread():
+def cpu_prefill() -> Iterator[None]:
+    """How an eager CPU engine runs a prefill: the fused attention on one thread (``CpuCall``), float32 products
+    from packed weights (``nn.linear.packed_products``; a group's prompts share one width bucket, so each row has
+    the shapes it has alone anyway)."""
+    with CpuCall(), packed_products():
+        yield
+
+
+@contextlib.contextmanager
+def cpu_step(packed: bool) -> Iterator[None]:
+    """How an eager CPU engine runs a step so that a row's bits never depend on its neighbours: with
+    ``packed`` (float32 weights), every product from packed weights on the engine's threads
+    (``nn.linear.packed_products``: a row's bits are the same for any row count and thread count, so a step
+    computes exactly its active rows); otherwise everything on one thread, where BLAS gives a row the same bits
+    from MIN_ROWS rows on (slots.py). tests/test_engine.py checks every logit of a request alone and beside 15
+    others, on 1 and 2 threads."""
+    with packed_products() if packed else one_thread():
         yield
 
 

@@ -20,7 +20,7 @@ How a request travels (docs/generation.md has the picture):
 
 Each row is chosen by its own settings (temperature, top-k, top-p, repetition penalty) held as per-slot tensors,
 and draws its noise from its own generator (``seed``): a request's output does not depend on its neighbours
-(greedy: tested equal alone and beside 15 others; ``slots.py`` says why the batch bucket starts at 4 rows).
+(greedy: tested equal alone and beside 15 others; ``slots.py`` says what makes a row independent of the batch).
 
 Compile once: with ``compile=True`` (default on CUDA) the prefill and the step are each compiled with
 ``fullgraph=True`` (a graph break is an error) and ``dynamic=False``: one prefill graph per prompt bucket, one
@@ -41,9 +41,9 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.calls import (
-    CpuCall,
     arange,
     compiled,
+    cpu_prefill,
     cpu_step,
     decoder_prefill,
     decoder_step,
@@ -52,9 +52,10 @@ from lmforge.generation.calls import (
 )
 from lmforge.generation.prefix import PrefixCache
 from lmforge.generation.sampling import draw
-from lmforge.generation.slots import MIN_ROWS, STEP_ROWS, SlotCaches, bucket, buckets, multiples
+from lmforge.generation.slots import MIN_ROWS, SlotCaches, bucket, buckets, multiples
 from lmforge.generation.text import StopStrings
 from lmforge.models.interfaces import is_encoder_decoder
+from lmforge.nn.linear import packable
 
 
 @dataclass
@@ -127,22 +128,22 @@ class Engine:
         self.memory = min(memory or context, context) if self.seq2seq else 0
         self.device = next(model.parameters()).device
         self.compile = self.device.type == "cuda" if compile is None else compile
-        # one slot: one row (a matrix-vector product, the fastest for a lone request); more: at least MIN_ROWS, so
-        # that a row's bits do not depend on how many others share the step (slots.py). Compiled: powers of two
-        # (one graph each); eager: fine sizes, little padding computed (slots.py)
+        # eager on CPU with float32 weights: products from packed weights (calls.cpu_step), which give a row the
+        # same bits beside any number of others, so a step computes exactly its active rows. Otherwise one slot is
+        # one row (nothing to differ from), more are at least MIN_ROWS, so that a row's bits do not depend on how
+        # many others share the step (slots.py): compiled, powers of two (one graph each); eager, multiples of 4
         fine = not self.compile
+        self.cpu = fine and self.device.type == "cpu"
+        self.packed = self.cpu and packable(model)
         rows = max(slots, MIN_ROWS)
         if slots == 1:
             self.row_buckets = [1]
+        elif self.packed:
+            self.row_buckets = list(range(1, slots + 1))
         elif fine:  # multiples of 4 rows, the slots rounded up (slots.py: other counts change a row's bits)
             self.row_buckets = multiples(MIN_ROWS, -(-rows // MIN_ROWS) * MIN_ROWS)
         else:
             self.row_buckets = buckets(MIN_ROWS, rows)
-        # eager on CPU: a prefill's attention on one thread, and steps of STEP_ROWS rows or more with their products
-        # weight-first (calls.cpu_step), so fast that 5 to 12 active rows step as 16 when the engine has them
-        self.cpu = fine and self.device.type == "cpu"
-        if self.cpu and self.row_buckets[-1] >= STEP_ROWS:
-            self.row_buckets = [b for b in self.row_buckets if b == MIN_ROWS or b >= STEP_ROWS]
         self.n_slots = self.row_buckets[-1]
         self.capacity_buckets = multiples(32, self.capacity) if fine else buckets(min(64, self.capacity), self.capacity)
         longest = self.memory if self.seq2seq else self.capacity
@@ -349,7 +350,7 @@ class Engine:
         layers = self.caches.prefill(torch.tensor(slots, device=self.device), start)
         if not self.seq2seq:
             last = torch.tensor([len(ids) - 1 - start for ids in prompts], device=self.device)  # (B,)
-            with CpuCall() if self.cpu else contextlib.nullcontext():  # the fused attention on one thread
+            with cpu_prefill() if self.cpu else contextlib.nullcontext():
                 return self.prefill_fn(self.model, layers, padded, last)
         (i,), (ids,) = slots, prompts
         n = len(ids)
@@ -369,7 +370,7 @@ class Engine:
         lengths_t = torch.tensor(lengths + padding, device=self.device)  # (S_b,)
         memory = bucket(max(sources), self.prompt_buckets) if self.seq2seq else 0
         layers = self.caches.step(arange(rows, self.device), lengths_t, columns, memory)
-        with cpu_step(rows) if self.cpu else contextlib.nullcontext():
+        with cpu_step(self.packed) if self.cpu else contextlib.nullcontext():
             if self.seq2seq:
                 logits = self.step_fn(self.model, layers, token_rows, lengths_t, columns,
                                       self.src_mask[:rows, :memory])

@@ -15,17 +15,18 @@ A request owns one slot (one row) from its prefill to its last token. Two ways t
 S_b and C_b are *buckets*: the smallest of a few sizes (4, 8, 16 rows; 64, 128, 256, ... columns) that holds what
 the active requests need. A compiled step is specialised to its shapes, so buckets bound the number of graphs
 (one per (S_b, C_b)) whatever mix of prompt lengths, output lengths and batch sizes arrives. An eager engine
-(the default on CPU) compiles nothing, so its buckets are fine instead: rows in multiples of 4, prompts padded
-to a multiple of 8 tokens, columns to a multiple of 32, since each padded row or column is computed for nothing.
+(the default on CPU) compiles nothing, so its buckets are fine instead: rows exact (packed products, below) or
+in multiples of 4, prompts padded to a multiple of 8 tokens, columns to a multiple of 32, since each padded row
+or column is computed for nothing.
 
 Why rows never change a neighbour's answer: every row's keys, mask and positions are its own, attention is
-computed per row, and a matrix product gives each row the same bits whatever other rows it is stacked with,
-as long as the product has at least ``MIN_ROWS`` rows (below that, BLAS switches to a matrix-vector kernel with
-another summation order: measured on torch 2.13 CPU) and a multiple of 4 rows: on 2 threads, MKL splits 5-7 and
-9-11 rows between its threads otherwise than 4, 8 or 12 and more, and those rows' bits change (1 thread: any
-count from 4 agrees; tests/test_engine.py checks the engine's row counts on 2 threads). So the smallest step
-bucket is 4 rows; an engine of one slot (``generate`` on one prompt) steps one row instead, the fastest for a
-lone request with no neighbour to differ from.
+computed per row, and the matrix products give each row the same bits whatever other rows it is stacked with.
+An eager CPU engine with float32 weights gets that from packed products (``nn.linear``: any row count, any
+thread count), so its steps compute exactly their active rows. Other engines keep to products of at least
+``MIN_ROWS`` rows (below that, BLAS switches to a matrix-vector kernel with another summation order: measured on
+torch 2.13 CPU) and, eager, to multiples of 4 rows on one thread (on 2 threads MKL splits 5-7 and 9-11 rows
+between its threads otherwise than 4, 8 or 12 and more, and those rows' bits change). An engine of one slot
+(``generate`` on one prompt) steps one row: there is no neighbour to differ from.
 
 ``SlotKV`` speaks the attention's cache protocol (``nn/attention.py``: ``append``, ``keys_values``, ``length``):
 the model's layers write and read it without knowing about slots.
@@ -39,8 +40,7 @@ import torch
 
 from lmforge.nn.layers import LayerCache
 
-MIN_ROWS = 4  # the smallest step bucket: below 4 rows a row's logits depend on the batch size (BLAS kernels)
-STEP_ROWS = 16  # from 16 rows an eager CPU step runs weight-first (nn.linear.weights_first): faster, the same bits
+MIN_ROWS = 4  # unpacked products: below 4 rows a row's logits depend on the batch size (BLAS kernels)
 
 
 def buckets(smallest: int, largest: int) -> list[int]:

@@ -1,58 +1,98 @@
-"""The linear map y = x Wᵀ + b, with a second way to compute the same product for the decoding engine's CPU steps.
+"""The linear map y = x Wᵀ + b, with a second way to compute the same product for the decoding engine's CPU calls.
 
 ``Linear`` is ``nn.Linear`` (same parameters, same state dict, the same ``F.linear`` call) unless the calling
-thread is inside ``weights_first()``; there it computes y = (W xᵀ)ᵀ + b, the same product with the weight as the
-left operand. For the 16 or more rows of a full decoding step MKL runs this form faster (SmolLM2-135M: 46 ms of
-matrix products a step against 64 ms), and from 12 rows on it gives every row exactly the bits ``F.linear`` gives
-it (measured on torch 2.13's CPU build on every shape of the model, 1 and 2 threads, with and without bias;
-tests/test_engine.py checks every row count the engine steps).
+thread is inside ``packed_products()``; there a float32 CPU layer multiplies by a *packed* copy of its weight:
+the weight reordered once into the blocked layout oneDNN's matrix kernels read (``torch.ops.mkldnn``), instead
+of BLAS repacking panels of W at every call. Two things follow, both measured on torch 2.13's CPU build
+(tests/test_engine.py checks them on every shape it relies on):
+
+- a row's output has the same bits whatever the number of rows beside it (1 to 64) and the thread count (1 or
+  2), which a plain ``F.linear`` does not give (MKL picks other kernels and thread splits by row count). The
+  decoding engine rests on it: a request decoded alone and beside 15 others gets the same logits, and each
+  step computes exactly its active rows.
+- it is faster for the few rows of a decoding step: SmolLM2-135M's 211 products of a step, 2 threads: 35 ms
+  for 1 row (F.linear 46-52), 33-36 ms for 4 (85-90), 58-88 ms for 16 (94-110); from about 256 rows (a long
+  prefill) the two are even.
+
+It differs from ``F.linear`` by float rounding only (another summation order: ~1e-6 relative). The packed copy
+is made at a layer's first packed call and again whenever its weight changed since (an optimizer step, a
+``load_state_dict``): the layer's weight memory twice over while it is served. Inference only: with autograd
+recording, or for other dtypes and devices, the layer is ``F.linear``.
 
     >>> layer = Linear(3, 2)
     >>> x = torch.randn(16, 3)
-    >>> with weights_first():
+    >>> with torch.no_grad(), packed_products():
     ...     y = layer(x)
-    >>> bool(torch.allclose(y, layer(x)))
+    >>> bool(torch.allclose(y, layer(x), atol=1e-6))
     True
 
 The switch is a context variable, so it holds for the thread that set it only (a server's engine thread), and
-costs a lookup per layer; a ``TorchFunctionMode`` doing the same intercepted every torch call of the step and
-cost about 15% of a SmolLM2 step.
+costs a lookup per layer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import weakref
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-WEIGHTS_FIRST = contextvars.ContextVar("lmforge_weights_first", default=False)
+PACKED = contextvars.ContextVar("lmforge_packed_products", default=False)
+# layer -> ((weight address, weight version), packed weight): kept beside the layer, not on it, so that copying,
+# pickling and the state dict never see it, and it goes when the layer goes
+_PACKS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int], torch.Tensor]] = weakref.WeakKeyDictionary()
+ROWS_HINT = 16  # the row count oneDNN's packed layout is chosen for (any count computes; measured best for 1-64)
 
 
-def weight_first_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (..., D_in), weight (D_out, D_in) -> (W xᵀ)ᵀ + b, (..., D_out): ``F.linear``'s value, the weight first."""
-    rows = x.reshape(-1, x.shape[-1]).t()  # (D_in, R)
-    y = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)  # (D_out, R)
-    return y.t().contiguous().view(*x.shape[:-1], weight.shape[0])
+@functools.cache
+def packing_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear (every x86-64 and Arm CPU wheel has)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def packs(weight: torch.Tensor) -> bool:
+    """Whether a layer with this weight computes packed inside ``packed_products()``: float32 on the CPU."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and packing_available()
+
+
+def packable(model: nn.Module) -> bool:
+    """Whether every matrix product of a model is packed inside ``packed_products()``: each module holding a
+    matrix is a float32 CPU ``Linear`` or an embedding (a lookup). Not so with unmerged LoRA or adapters, whose
+    extra products are plain ones."""
+    return all((isinstance(m, Linear) and packs(m.weight)) or isinstance(m, nn.Embedding)
+               for m in model.modules() if any(p.dim() == 2 for p in m.parameters(recurse=False)))
+
+
+def packed_weight(layer: nn.Linear) -> torch.Tensor:
+    """The layer's weight in oneDNN's layout, made again when the weight has changed since the last call."""
+    w = layer.weight
+    key = (w.data_ptr(), -1 if w.is_inference() else w._version)
+    held = _PACKS.get(layer)
+    if held is None or held[0] != key:
+        held = key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT)
+        _PACKS[layer] = held
+    return held[1]
 
 
 class Linear(nn.Linear):
-    """``nn.Linear``, computed weight-first inside ``weights_first()`` (see the module docstring)."""
+    """``nn.Linear``, computed from a packed weight inside ``packed_products()`` (see the module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and WEIGHTS_FIRST.get():
-            return weight_first_linear(x, self.weight, self.bias)
+        if not torch.compiler.is_compiling() and PACKED.get() and not torch.is_grad_enabled() and packs(self.weight):
+            return torch.ops.mkldnn._linear_pointwise(x, packed_weight(self), self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
 @contextlib.contextmanager
-def weights_first() -> Iterator[None]:
-    """Inside the block, on this thread, every ``Linear`` computes (W xᵀ)ᵀ + b."""
-    token = WEIGHTS_FIRST.set(True)
+def packed_products() -> Iterator[None]:
+    """Inside the block, on this thread, every float32 CPU ``Linear`` multiplies by its packed weight."""
+    token = PACKED.set(True)
     try:
         yield
     finally:
-        WEIGHTS_FIRST.reset(token)
+        PACKED.reset(token)
