@@ -57,12 +57,12 @@ def attention_scores_softmax(
 
     q: (B, H, T, d_qk), k: (B, H, S, d_qk), mask: broadcastable to (B, H, T, S). Returns (B, H, T, S).
     """
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S), a new tensor: filled in place
     if mask is None:
         return torch.softmax(scores, dim=-1)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # all-masked rows: 0, not NaN
+    hidden = ~mask
+    weights = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
+    return weights.masked_fill(hidden.all(dim=-1, keepdim=True), 0.0)  # all-masked rows: 0, not NaN
 
 
 def causal_mask(t: int, s: int, device: torch.device | None = None) -> torch.Tensor:

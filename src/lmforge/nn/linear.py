@@ -68,13 +68,14 @@ def packable(model: nn.Module) -> bool:
                for m in model.modules() if any(p.dim() == 2 for p in m.parameters(recurse=False)))
 
 
-def packed_weight(layer: nn.Linear) -> torch.Tensor:
-    """The layer's weight in oneDNN's layout, made again when the weight has changed since the last call."""
+def packed_weight(layer: nn.Linear) -> torch.Tensor | None:
+    """The layer's weight in oneDNN's layout, made again when the weight has changed since the last call; None for
+    a weight that does not pack (``packs``)."""
     w = layer.weight
     key = (w.data_ptr(), -1 if w.is_inference() else w._version)
     held = _PACKS.get(layer)
     if held is None or held[0] != key:
-        held = key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT)
+        held = key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT) if packs(w) else None
         _PACKS[layer] = held
     return held[1]
 
@@ -83,8 +84,10 @@ class Linear(nn.Linear):
     """``nn.Linear``, computed from a packed weight inside ``packed_products()`` (see the module docstring)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and PACKED.get() and not torch.is_grad_enabled() and packs(self.weight):
-            return torch.ops.mkldnn._linear_pointwise(x, packed_weight(self), self.bias, "none", [], "")
+        if not torch.compiler.is_compiling() and PACKED.get() and not torch.is_grad_enabled():
+            packed = packed_weight(self)
+            if packed is not None:
+                return torch.ops.mkldnn._linear_pointwise.default(x, packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
