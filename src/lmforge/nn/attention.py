@@ -14,11 +14,11 @@ weights (for inspection and teaching); the fast path calls ``torch.nn.functional
 (fused kernels, no (T, T) weight tensor kept for backward). Asking for weights selects the explicit path.
 
 Weight convention (DESIGN.md): every projection is an ``nn.Linear`` (out, in) (``nn.linear.Linear``: it can
-also compute weight-first, for the decoding engine). Head h uses rows [h*d_qk, (h+1)*d_qk) of W_q, key/value
-head g rows [g*d_qk, (g+1)*d_qk) of W_k and [g*d_v, (g+1)*d_v) of W_v. Per-head query/key width d_qk and value
-width d_v may differ (seed 000 Q2's M_QK and M_V). For self-attention W_q (H d_qk rows), W_k (H_kv d_qk) and
-W_v (H_kv d_v) are stacked in one ``in_proj`` (one matmul instead of three); cross-attention has ``q_proj``
-for the queries and ``kv_proj`` for the memory.
+also multiply by a packed copy of its weight, for the decoding engine). Head h uses rows [h*d_qk, (h+1)*d_qk) of
+W_q, key/value head g rows [g*d_qk, (g+1)*d_qk) of W_k and [g*d_v, (g+1)*d_v) of W_v. Per-head query/key width
+d_qk and value width d_v may differ (seed 000 Q2's M_QK and M_V). For self-attention W_q (H d_qk rows), W_k
+(H_kv d_qk) and W_v (H_kv d_v) are stacked in one ``in_proj`` (one matmul instead of three); cross-attention has
+``q_proj`` for the queries and ``kv_proj`` for the memory.
 
 Masks are boolean with True = may attend. A query that may attend to nothing gets zero weights and a
 zero output on both paths.
