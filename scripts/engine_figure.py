@@ -11,15 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import torch
 
 from lmforge.generation.engine import Engine, Request
 from lmforge.generation.slots import bucket
 from lmforge.models import Decoder, get_preset
+from lmforge.viz.plots import pyplot, save_figure
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "engine_slots.png"
 
@@ -43,13 +40,13 @@ def main() -> None:
                 slot = next(i for i, s in enumerate(engine.slots) if s is None)
             if slot is not None and (held or h.done) and (r not in spans or spans[r][2] >= step - 1):
                 spans.setdefault(r, [slot, step, step])[2] = step
-        active = engine.active
-        rows_per_step.append(bucket(active[-1] + 1, engine.row_buckets) if active else 0)
+        during = [slot for slot, _, last in spans.values() if last == step]  # the slots this step decoded
+        rows_per_step.append(bucket(max(during) + 1, engine.row_buckets) if during else 0)
         step += 1
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    fig, ax = pyplot().subplots(figsize=(9, 3.6))
     for s, rows in enumerate(rows_per_step):
         ax.axvspan(s - 0.5, s + 0.5, ymin=0, ymax=rows / engine.n_slots, color="#eeeeee", zorder=0)
-    colors = plt.get_cmap("tab20")
+    colors = pyplot().get_cmap("tab20")
     for r, (slot, first, last) in spans.items():
         ax.barh(slot, last - first + 1, left=first - 0.5, height=0.7, color=colors(r % 20), zorder=2)
         ax.plot(first, slot, "o", color="black", markersize=3, zorder=3)
@@ -57,9 +54,7 @@ def main() -> None:
     ax.set(xlabel="engine step", ylabel="slot", yticks=range(engine.n_slots), ylim=(-0.6, engine.n_slots - 0.4),
            title="Continuous batching: requests take free slots between steps (grey: the rows a step ran)")
     fig.tight_layout()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(OUT, dpi=130)
-    print(OUT)
+    print(save_figure(fig, OUT, dpi=130))
 
 
 if __name__ == "__main__":
