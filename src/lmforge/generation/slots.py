@@ -93,6 +93,7 @@ class SlotKV:
         self.prefilling = True
         self.rows: torch.Tensor | None = None  # prefill: the slots (B,); step: arange(S_b)
         self.columns: torch.Tensor | None = None  # step: lengths (S_b,), where each row's new token goes
+        self.at: torch.Tensor | None = None  # step: where the new tokens go (``places``)
         self.view: tuple[int, int] = (0, 0)  # step: (S_b, C_b), the part the attention reads
         self.length = 0  # the attention's count of cached positions: a cross cache reads "filled" when > 0
         self.static = False
@@ -102,8 +103,18 @@ class SlotKV:
         (``prefix.py``), which the new tokens attend to; the model reads ``length`` as its positions' offset."""
         self.prefilling, self.rows, self.length = True, slot, start
 
-    def step(self, rows: torch.Tensor, columns: torch.Tensor | None, view: tuple[int, int], filled: bool) -> None:
+    def step(self, rows: torch.Tensor, columns: torch.Tensor | None, view: tuple[int, int], filled: bool,
+             at: torch.Tensor | None = None) -> None:
+        """Step mode: row b's new token goes to column columns[b]; the attention reads ``view`` = (S_b, C_b).
+        ``at``: those places as ``places`` gives them, when the caller made them once for several layers."""
         self.prefilling, self.rows, self.columns, self.view, self.length = False, rows, columns, view, int(filled)
+        self.at = at if at is not None or columns is None else self.places(rows, columns)
+
+    def places(self, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """Where rows' new tokens go in the buffer seen as a list of d-vectors: (S_b * H_kv,) indices."""
+        heads, capacity = self.k.shape[1], self.k.shape[2]
+        head = torch.arange(heads, device=rows.device)[None, :]  # (1, H_kv)
+        return ((rows[:, None] * heads + head) * capacity + columns[:, None]).reshape(-1)  # (S_b*H_kv,)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill: k, v (B, H_kv, P, d) into columns [start, start + P) of the B slots; returns them as they are,
@@ -119,8 +130,7 @@ class SlotKV:
             column = torch.arange(self.length, self.length + n, device=k.device)[None, None, :]  # (1, 1, P)
             at = ((self.rows[:, None, None] * heads + head) * capacity + column).reshape(-1)  # (B*H_kv*P,)
         else:
-            head = torch.arange(heads, device=k.device)[None, :]  # (1, H_kv)
-            at = ((self.rows[:, None] * heads + head) * capacity + self.columns[:, None]).reshape(-1)  # (S_b*H_kv,)
+            at = self.at  # (S_b*H_kv,), made at ``step``
         self.k.view(-1, self.k.shape[3]).index_copy_(0, at, k.reshape(-1, k.shape[3]).to(self.k.dtype))
         self.v.view(-1, self.v.shape[3]).index_copy_(0, at, v.reshape(-1, v.shape[3]).to(self.v.dtype))
         if self.prefilling:
@@ -167,8 +177,13 @@ class SlotCaches:
 
     def step(self, rows: torch.Tensor, lengths: torch.Tensor, capacity: int, memory: int) -> list[LayerCache]:
         n = len(rows)
+        places: dict[tuple[int, ...], torch.Tensor] = {}  # one index per cache shape, not one per layer
         for layer in self.layers:
-            layer.self_attention.step(rows, lengths, (n, capacity), filled=False)
+            kv = layer.self_attention
+            shape = tuple(kv.k.shape)
+            if shape not in places:
+                places[shape] = kv.places(rows, lengths)
+            kv.step(rows, lengths, (n, capacity), filled=False, at=places[shape])
             if layer.cross_attention is not None:  # written at prefill: read only
                 layer.cross_attention.step(rows, None, (n, memory), filled=True)
         return self.layers
