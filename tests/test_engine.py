@@ -292,7 +292,10 @@ def test_a_changed_weight_is_packed_again():
         expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
         layer.load_state_dict({"weight": torch.zeros(16, 32), "bias": torch.ones(16)})
         loaded = layer(x)
+        layer.weight = torch.nn.Parameter(torch.eye(16, 32))  # another tensor (it may reuse the old one's memory)
+        assigned = layer(x)
     assert not torch.equal(doubled, first)
+    torch.testing.assert_close(assigned, x[:, :16] + 1, atol=1e-6, rtol=0)
     torch.testing.assert_close(doubled, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(loaded, torch.ones(5, 16))
 

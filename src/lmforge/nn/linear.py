@@ -43,9 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 
 PACKED = contextvars.ContextVar("lmforge_packed_products", default=False)
-# layer -> ((weight address, weight version), packed weight): kept beside the layer, not on it, so that copying,
-# pickling and the state dict never see it, and it goes when the layer goes
-_PACKS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int], torch.Tensor]] = weakref.WeakKeyDictionary()
+# layer -> ((weight address, weight version), the weight, packed weight): kept beside the layer, not on it, so that
+# copying, pickling and the state dict never see it, and it goes when the layer goes
+_PACKS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int], weakref.ref, torch.Tensor | None]] = \
+    weakref.WeakKeyDictionary()
 ROWS_HINT = 16  # the row count oneDNN's packed layout is chosen for (any count computes; measured best for 1-64)
 
 
@@ -69,15 +70,15 @@ def packable(model: nn.Module) -> bool:
 
 
 def packed_weight(layer: nn.Linear) -> torch.Tensor | None:
-    """The layer's weight in oneDNN's layout, made again when the weight has changed since the last call; None for
-    a weight that does not pack (``packs``)."""
+    """The layer's weight in oneDNN's layout, made again when the weight has changed since the last call (another
+    tensor, other storage or an in-place update); None for a weight that does not pack (``packs``)."""
     w = layer.weight
     key = (w.data_ptr(), -1 if w.is_inference() else w._version)
     held = _PACKS.get(layer)
-    if held is None or held[0] != key:
-        held = key, torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT) if packs(w) else None
+    if held is None or held[0] != key or held[1]() is not w:
+        held = key, weakref.ref(w), torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT) if packs(w) else None
         _PACKS[layer] = held
-    return held[1]
+    return held[2]
 
 
 class Linear(nn.Linear):
