@@ -92,8 +92,7 @@ class SlotKV:
         self.v = torch.zeros(slots, heads, capacity, d_v, dtype=dtype, device=device)
         self.prefilling = True
         self.rows: torch.Tensor | None = None  # prefill: the slots (B,); step: arange(S_b)
-        self.columns: torch.Tensor | None = None  # step: lengths (S_b,), where each row's new token goes
-        self.at: torch.Tensor | None = None  # step: where the new tokens go (``places``)
+        self.at: torch.Tensor | None = None  # step: where each row's new key and value go (``places``)
         self.view: tuple[int, int] = (0, 0)  # step: (S_b, C_b), the part the attention reads
         self.length = 0  # the attention's count of cached positions: a cross cache reads "filled" when > 0
         self.static = False
@@ -103,15 +102,14 @@ class SlotKV:
         (``prefix.py``), which the new tokens attend to; the model reads ``length`` as its positions' offset."""
         self.prefilling, self.rows, self.length = True, slot, start
 
-    def step(self, rows: torch.Tensor, columns: torch.Tensor | None, view: tuple[int, int], filled: bool,
-             at: torch.Tensor | None = None) -> None:
-        """Step mode: row b's new token goes to column columns[b]; the attention reads ``view`` = (S_b, C_b).
-        ``at``: those places as ``places`` gives them, when the caller made them once for several layers."""
-        self.prefilling, self.rows, self.columns, self.view, self.length = False, rows, columns, view, int(filled)
-        self.at = at if at is not None or columns is None else self.places(rows, columns)
+    def step(self, rows: torch.Tensor, at: torch.Tensor | None, view: tuple[int, int], filled: bool) -> None:
+        """Step mode: the rows' new keys and values go to ``at`` (``places``; None for a cache only read, a
+        cross-attention's); the attention reads ``view`` = (S_b, C_b)."""
+        self.prefilling, self.rows, self.at, self.view, self.length = False, rows, at, view, int(filled)
 
     def places(self, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-        """Where rows' new tokens go in the buffer seen as a list of d-vectors: (S_b * H_kv,) indices."""
+        """Where row b's new token, at column columns[b], goes in the buffer seen as a list of d-vectors: (S_b *
+        H_kv,) indices. They depend on the heads and the capacity only, so layers of one shape share them."""
         heads, capacity = self.k.shape[1], self.k.shape[2]
         head = torch.arange(heads, device=rows.device)[None, :]  # (1, H_kv)
         return ((rows[:, None] * heads + head) * capacity + columns[:, None]).reshape(-1)  # (S_b*H_kv,)
@@ -177,13 +175,13 @@ class SlotCaches:
 
     def step(self, rows: torch.Tensor, lengths: torch.Tensor, capacity: int, memory: int) -> list[LayerCache]:
         n = len(rows)
-        places: dict[tuple[int, ...], torch.Tensor] = {}  # one index per cache shape, not one per layer
+        places: dict[tuple[int, int], torch.Tensor] = {}  # (heads, capacity) -> indices: made once, not per layer
         for layer in self.layers:
             kv = layer.self_attention
-            shape = tuple(kv.k.shape)
+            shape = (kv.k.shape[1], kv.k.shape[2])
             if shape not in places:
                 places[shape] = kv.places(rows, lengths)
-            kv.step(rows, lengths, (n, capacity), filled=False, at=places[shape])
+            kv.step(rows, places[shape], (n, capacity), filled=False)
             if layer.cross_attention is not None:  # written at prefill: read only
                 layer.cross_attention.step(rows, None, (n, memory), filled=True)
         return self.layers

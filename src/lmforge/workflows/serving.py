@@ -194,14 +194,11 @@ class ModelService:
 
     def queue_full(self) -> bool:
         """Whether a new request would have to wait beyond ``--max-queue``: the free slots take the first ones."""
-        engine = self.engine.engine if self.engine else None
-        if engine is None:
-            return False
-        free = engine.n_slots - len(engine.active)
-        return len(engine.waiting) >= self.options.max_queue + free
+        waiting, busy, slots = self.load()
+        return self.engine is not None and waiting >= self.options.max_queue + slots - busy
 
     def load(self) -> tuple[int, int, int]:
-        """(waiting, slots in use, slots) for /metrics and /health."""
+        """(waiting, slots in use, slots) for /metrics, /health and the queue limit."""
         if self.engine is None:
             return 0, 0, 0
         e = self.engine.engine
