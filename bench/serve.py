@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -192,11 +193,20 @@ def main() -> None:
     p.add_argument("--context", type=int, help="lmforge serve --context (fewer compiled graphs on a GPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="lmforge serve --compile / --no-compile (default: lmforge's own, on for CUDA)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lmforge-serve-bench-"))
+    try:
+        run(args, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     from lmforge.data.sources import smollm2_path
 
     gguf = smollm2_path()
-    work = Path(tempfile.mkdtemp(prefix="lmforge-serve-bench-"))
     lmforge = [sys.executable, "-m", "lmforge.cli"]
     subprocess.run([*lmforge, "convert", "--from-gguf", str(gguf), "--out", str(work / "lmforge"), "--quiet"],
                    check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})

