@@ -126,6 +126,31 @@ def test_rotary_equals_reference_in_float64():
     np.testing.assert_allclose(np_(rope(x, positions)), mref.rotate(np_(x), np_(positions)), atol=TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rotary_angles_looked_up_once_give_the_same_bits(dtype, monkeypatch):
+    """A decoder looks its angles up once a forward and hands them to every layer: the same bits as each layer
+    rotating from the positions itself, for (T,) and (B, T) positions, and angles made in float32 for x in
+    bfloat16 (autocast) turn x exactly as a bfloat16 lookup does."""
+    rope = RotaryEmbedding(8, max_positions=40)
+    x = torch.randn(2, 3, 5, 8).to(dtype)
+    for positions in (torch.tensor([0, 1, 7, 20, 39]), torch.tensor([[3, 4, 5, 6, 7], [0, 9, 18, 27, 36]])):
+        made = torch.float64 if dtype == torch.float64 else torch.float32
+        assert torch.equal(rope(x, rope.angles(positions, made)), rope(x, positions))
+    model = Decoder(DecoderConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=3, d_ff=32, max_positions=32,
+                                  **MODERN)).eval()
+    lookups = []
+    looked_up = RotaryEmbedding.angles
+    monkeypatch.setattr(RotaryEmbedding, "angles", lambda self, *a: lookups.append(1) or looked_up(self, *a))
+    ids = torch.randint(0, 50, (2, 7))
+    once = model(ids).logits
+    assert len(lookups) == 1  # for 3 layers
+    monkeypatch.setattr(model, "rotary", None)  # each layer's attention now rotates from the positions itself
+    assert all(layer.self_attn.rotary is not None for layer in model.layers)
+    per_layer = model(ids).logits
+    assert len(lookups) == 1 + 2 * 3  # queries and keys of each layer
+    assert torch.equal(once, per_layer)
+
+
 @pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize("rotary", [True, False])
 @pytest.mark.parametrize("need_weights", [True, False])

@@ -138,7 +138,8 @@ class Decoder(nn.Module):
         h = self.drop(h)
         hidden: list[torch.Tensor] = [h]
         attentions: list[torch.Tensor] = []
-        rotary_positions = position_ids if self.rotary is not None else None  # (T,) or (B, T)
+        # the rotation angles of the positions, looked up once for every layer
+        rotary_positions = self.rotary.angles(position_ids, h.dtype) if self.rotary is not None else None
         for i, layer in enumerate(self.layers):
             out = layer(h, key_padding_mask=mask, attn_mask=blocks, need_weights=output_attentions,
                         cache=caches[i] if caches else None, positions=rotary_positions)

@@ -42,7 +42,7 @@ from torch import nn
 from lmforge.nn.cache import KVCache
 from lmforge.nn.linear import Linear
 from lmforge.nn.norms import RMSNorm
-from lmforge.nn.positions import RotaryEmbedding
+from lmforge.nn.positions import Angles, RotaryEmbedding
 
 
 class AttentionOutput(NamedTuple):
@@ -231,14 +231,14 @@ class MultiHeadAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
-        positions: torch.Tensor | None = None,
+        positions: torch.Tensor | Angles | None = None,
     ) -> AttentionOutput:
         """x: (B, T, d_model); memory: (B, S, d_memory) for cross-attention.
 
         key_padding_mask: (B, S) True for real keys (with a cache: covering cached and new keys).
         attn_mask: boolean, broadcastable to (B, H, T, S). cache: keys/values of earlier steps (self-
         attention grows it; cross-attention fills it once from ``memory`` and reuses it).
-        positions: (T,) or (B, T) positions of the new queries, for rotary embeddings.
+        positions: (T,) or (B, T) positions of the new queries, for rotary embeddings (or their ``angles``).
         Returns the output (B, T, d_model) and, if ``need_weights``, the weights (B, H, T, S).
         """
         q, k, v = self.cross_qkv(x, memory, cache) if self.cross else self.self_qkv(x, cache, positions)
@@ -262,7 +262,7 @@ class MultiHeadAttention(nn.Module):
         return x if norm is None else norm(x)  # (B, H, T, d_qk)
 
     def self_qkv(
-        self, x: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None
+        self, x: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | Angles | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention: q, k, v all from x; QK-norm, then rotation; a cache adds the keys of earlier steps.
 

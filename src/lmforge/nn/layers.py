@@ -30,7 +30,7 @@ from lmforge.nn.attention import MultiHeadAttention
 from lmforge.nn.cache import KVCache
 from lmforge.nn.linear import Linear
 from lmforge.nn.norms import make_norm
-from lmforge.nn.positions import RotaryEmbedding
+from lmforge.nn.positions import Angles, RotaryEmbedding
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "relu2", "swiglu"]
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "relu2", "swiglu")
@@ -109,7 +109,7 @@ class SublayerInputs:
     attn_mask: torch.Tensor | None  # broadcastable to (B, H, T, T_total)
     need_weights: bool
     cache: LayerCache | None
-    positions: torch.Tensor | None  # (T,) or (B, T), for rotary positions
+    positions: torch.Tensor | Angles | None  # (T,) or (B, T), or their angles, for rotary positions
     self_weights: torch.Tensor | None = None  # (B, H, T, T_total), filled when need_weights
     cross_weights: torch.Tensor | None = None  # (B, H, T, S)
 
@@ -205,7 +205,7 @@ class TransformerLayer(nn.Module):
         attn_mask: torch.Tensor | None = None,
         need_weights: bool = False,
         cache: LayerCache | None = None,
-        positions: torch.Tensor | None = None,
+        positions: torch.Tensor | Angles | None = None,
     ) -> LayerOutput:
         """x: (B, T, d_model); memory: (B, S, d_model) encoder output; masks True = may attend.
 

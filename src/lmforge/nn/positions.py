@@ -8,6 +8,7 @@ rotate each query and key by an angle proportional to its position, so that q_m 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -50,6 +51,13 @@ class LearnedPositions(nn.Module):
         return self.embedding(positions)
 
 
+class Angles(NamedTuple):
+    """cos and sin of the rotation angles of some positions, (T, d_head) or (B, 1, T, d_head)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding: rotate pairs of query/key features by position-dependent angles.
 
@@ -80,14 +88,25 @@ class RotaryEmbedding(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([-x2, x1], dim=-1)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (B, H, T, d_head); positions: (T,) or (B, T) -> x rotated, same shape."""
-        exact = x.dtype == torch.float64
-        cos = (self.cos if exact else self.cos32)[positions].to(x.dtype)  # (T, d) or (B, T, d)
-        sin = (self.sin if exact else self.sin32)[positions].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | Angles) -> torch.Tensor:
+        """x: (B, H, T, d_head); positions: (T,) or (B, T), or their ``angles`` -> x rotated, same shape."""
+        cos, sin = positions if isinstance(positions, Angles) else self.angles(positions, x.dtype)
+        if cos.dtype != x.dtype:  # angles made for the model's dtype, x in autocast's
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        return x * cos + self.rotate_half(x) * sin
+
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> Angles:
+        """cos and sin of the positions' angles in ``dtype``: (T, d), or (B, 1, T, d) for (B, T) positions.
+
+        A model looks them up once a forward and hands them to every layer (the queries and keys of all L layers
+        turn by the same angles): one lookup instead of 2L, which counts in a decoding step on CPU, where the
+        small operations are a third of the time."""
+        exact = dtype == torch.float64
+        cos = (self.cos if exact else self.cos32)[positions].to(dtype)  # (T, d) or (B, T, d)
+        sin = (self.sin if exact else self.sin32)[positions].to(dtype)
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d): broadcast over heads
-        return x * cos + self.rotate_half(x) * sin
+        return Angles(cos, sin)
 
 
 def scale_embedding(d_model: int) -> float:
