@@ -1,11 +1,21 @@
-"""The same Llama-family model in lmforge and in transformers, for the decoding benchmarks.
+"""The same Llama-family model in lmforge and in transformers, for the decoding, serving and fine-tuning benchmarks.
 
 ``pair(path)`` loads SmolLM2-135M-Instruct (a GGUF file or an lmforge / Hugging Face directory) into lmforge and
 copies its weights into a ``transformers`` ``LlamaForCausalLM``; ``pair(None)`` builds SmolLM2-135M's shape with
 random weights (seeded), which costs the same to run: speed depends on the shapes, not on the values.
+``converted(prefix)`` converts SmolLM2-135M-Instruct's GGUF file into an lmforge and a Hugging Face folder, for the
+benchmarks that start each framework on its own folder (``bench/serve.py``, ``bench/sft.py``).
 """
 
 from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -45,3 +55,23 @@ def hf_twin(model: Decoder):
     if model.config.tie_embeddings:
         hf.tie_weights()
     return hf
+
+
+@contextlib.contextmanager
+def converted(prefix: str, keep: bool = False, env: dict | None = None) -> Iterator[Path]:
+    """A new work folder holding SmolLM2-135M-Instruct converted by lmforge's CLI from its GGUF file to ``lmforge/``
+    and then to ``hf/`` (``convert --to-hf``); removed at the end, whatever happens, unless ``keep`` (two copies of
+    the model, 1.1 GB). ``env``: the converting commands' environment (default this process's)."""
+    from lmforge.data.sources import smollm2_path
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        cli = [sys.executable, "-m", "lmforge.cli"]
+        subprocess.run([*cli, "convert", "--from-gguf", str(smollm2_path()), "--out", str(work / "lmforge"),
+                        "--quiet"], check=True, env=env)
+        subprocess.run([*cli, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
+                       check=True, env=env)
+        yield work
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)

@@ -25,16 +25,15 @@ import argparse
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import requests
+from llama_pair import converted
 
 ROOT = Path(__file__).resolve().parents[1]
 # lmforge's sources first, then whatever the caller's PYTHONPATH already names (e.g. carried wheels)
@@ -195,23 +194,12 @@ def main() -> None:
                    help="lmforge serve --compile / --no-compile (default: lmforge's own, on for CUDA)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="lmforge-serve-bench-"))
-    try:
+    with converted("lmforge-serve-bench-", args.keep, env={**os.environ, "PYTHONPATH": PYTHONPATH}) as work:
         run(args, work)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
-    from lmforge.data.sources import smollm2_path
-
-    gguf = smollm2_path()
     lmforge = [sys.executable, "-m", "lmforge.cli"]
-    subprocess.run([*lmforge, "convert", "--from-gguf", str(gguf), "--out", str(work / "lmforge"), "--quiet"],
-                   check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
-    subprocess.run([*lmforge, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
-                   check=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     switch = [] if args.compile is None else ["--compile" if args.compile else "--no-compile"]
     switch += ["--context", str(args.context)] if args.context else []
     servers = [("lmforge serve", [*lmforge, "serve", "--model", str(work / "lmforge"), "--slots", "16",

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from llama_pair import converted
 
 from lmforge.data.chat import encode_conversation, read_conversations
-from lmforge.data.sources import smollm2_path, write_chat_task
+from lmforge.data.sources import write_chat_task
 from lmforge.nn.loss import IGNORE_INDEX
 
 R, ALPHA, LR, MAX_LEN = 8, 16, 2e-4, 512
@@ -183,21 +182,13 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    WORK = work = Path(tempfile.mkdtemp(prefix="bench-sft-"))
-    try:
+    with converted("bench-sft-", args.keep) as work:
+        WORK = work
         run(args, work)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
     global HF_DIR
-    lmforge_cli = [sys.executable, "-m", "lmforge.cli"]
-    subprocess.run([*lmforge_cli, "convert", "--from-gguf", str(smollm2_path()), "--out", str(work / "lmforge"),
-                    "--quiet"], check=True)
-    subprocess.run([*lmforge_cli, "convert", "--to-hf", str(work / "lmforge"), "--out", str(work / "hf"), "--quiet"],
-                   check=True)
     HF_DIR = work / "hf"
     source = args.data or write_chat_task("hedges", work / "data")[0]
     data = work / "bench.jsonl"
