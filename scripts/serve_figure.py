@@ -1,7 +1,7 @@
 """docs/img/serve_throughput.png: completion tokens per second of lmforge serve and transformers serve, from one
 bench/serve.py run (short and long replies, 1, 4 and 16 clients).
 
-    .venv/bin/python scripts/serve_figure.py                      # docs/results/serve-cpu-2026-11-26c.jsonl
+    .venv/bin/python scripts/serve_figure.py                      # docs/results/serve-cpu-2026-11-26d.jsonl
     .venv/bin/python scripts/serve_figure.py RESULTS.jsonl        # another run's rows (bench/serve.py's output)
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from lmforge.viz.plots import pyplot, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results" / "serve-cpu-2026-11-26c.jsonl"
+RESULTS = ROOT / "docs" / "results" / "serve-cpu-2026-11-26d.jsonl"
 OUT = ROOT / "docs" / "img" / "serve_throughput.png"
 SERVERS = {"lmforge serve": "#1f77b4", "transformers serve --continuous-batching": "#ff7f0e",
            "transformers serve --no-continuous-batching": "#bbbbbb"}
