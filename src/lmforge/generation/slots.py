@@ -108,11 +108,12 @@ class SlotKV:
         self.prefilling, self.rows, self.at, self.view, self.length = False, rows, at, view, int(filled)
 
     def places(self, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-        """Where row b's new token, at column columns[b], goes in the buffer seen as a list of d-vectors: (S_b *
-        H_kv,) indices. They depend on the heads and the capacity only, so layers of one shape share them."""
+        """Where the new tokens of rows (B,) at columns (B or 1, P) go in the buffer seen as a list of d-vectors:
+        (B * H_kv * P,) indices, in the order of k.reshape(-1, d) for k (B, H_kv, P, d). A step's (one column a
+        row: lengths[:, None]) depend on the heads and the capacity only, so layers of one shape share them."""
         heads, capacity = self.k.shape[1], self.k.shape[2]
-        head = torch.arange(heads, device=rows.device)[None, :]  # (1, H_kv)
-        return ((rows[:, None] * heads + head) * capacity + columns[:, None]).reshape(-1)  # (S_b*H_kv,)
+        head = torch.arange(heads, device=rows.device)[None, :, None]  # (1, H_kv, 1)
+        return ((rows[:, None, None] * heads + head) * capacity + columns[:, None, :]).reshape(-1)  # (B*H_kv*P,)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill: k, v (B, H_kv, P, d) into columns [start, start + P) of the B slots; returns them as they are,
@@ -121,12 +122,8 @@ class SlotKV:
 
         Both write whole d-vectors into the buffer seen as a list of them (S * H_kv * C, d): one ``index_copy_``
         of contiguous rows, several times faster on CPU than indexing (S, H_kv, C, d) on two dimensions."""
-        heads, capacity = self.k.shape[1], self.k.shape[2]
-        if self.prefilling:
-            n = k.shape[2]
-            head = torch.arange(heads, device=k.device)[None, :, None]  # (1, H_kv, 1)
-            column = torch.arange(self.length, self.length + n, device=k.device)[None, None, :]  # (1, 1, P)
-            at = ((self.rows[:, None, None] * heads + head) * capacity + column).reshape(-1)  # (B*H_kv*P,)
+        if self.prefilling:  # columns [start, start + P) of each slot
+            at = self.places(self.rows, torch.arange(self.length, self.length + k.shape[2], device=k.device)[None])
         else:
             at = self.at  # (S_b*H_kv,), made at ``step``
         self.k.view(-1, self.k.shape[3]).index_copy_(0, at, k.reshape(-1, k.shape[3]).to(self.k.dtype))
@@ -180,7 +177,7 @@ class SlotCaches:
             kv = layer.self_attention
             shape = (kv.k.shape[1], kv.k.shape[2])
             if shape not in places:
-                places[shape] = kv.places(rows, lengths)
+                places[shape] = kv.places(rows, lengths[:, None])
             kv.step(rows, places[shape], (n, capacity), filled=False)
             if layer.cross_attention is not None:  # written at prefill: read only
                 layer.cross_attention.step(rows, None, (n, memory), filled=True)
