@@ -67,7 +67,6 @@ def batches(encoded, batch_size: int, pad: int):
 
 
 HF_DIR: Path | None = None  # the Hugging Face folder converted from the GGUF
-WORK: Path | None = None  # the run's work folder, removed at the end unless --keep
 
 
 def hf_model():
@@ -143,7 +142,7 @@ def trl_run(conversations, args) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(HF_DIR)
-    config = SFTConfig(output_dir=str(WORK / "trl"), max_steps=args.steps + 1, per_device_train_batch_size=
+    config = SFTConfig(output_dir=str(HF_DIR.parent / "trl"), max_steps=args.steps + 1, per_device_train_batch_size=
                        args.batch_size, learning_rate=LR, logging_steps=1, report_to=[], save_strategy="no",
                        use_cpu=True, max_length=MAX_LEN, assistant_only_loss=False, dataloader_num_workers=0)
     trainer = SFTTrainer(model=hf_model(), args=config, processing_class=tokenizer,
@@ -168,7 +167,6 @@ def trl_run(conversations, args) -> dict:
 
 
 def main() -> None:
-    global WORK
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
@@ -183,7 +181,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with converted("bench-sft-", args.keep) as work:
-        WORK = work
         run(args, work)
 
 
