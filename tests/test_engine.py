@@ -118,6 +118,31 @@ def test_two_threads_a_request_alone_and_beside_15_others_gets_the_same_logits(l
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("kind", ["llama", "seq2seq"])
+def test_a_request_moved_into_a_freed_slot_keeps_every_logit_and_steps_stop_computing_the_holes(kind, llama, s2s):
+    """Five short requests in slots 0-4 end after 2 tokens; the long one in slot 5 then moves to slot 0 with its
+    keys and values (and an encoder-decoder's source), and each later step computes 1 row, not 6."""
+    model = llama if kind == "llama" else s2s
+    work = prompts(6, seed=11)
+    engine = Engine(model, slots=8)
+    rows: list[int] = []
+    forward = engine.forward
+    engine.forward = lambda tokens, lengths, sources: rows.append(len(lengths)) or forward(tokens, lengths, sources)
+    for ids in work[:5]:
+        engine.submit(Request(ids, max_new_tokens=2, stop_ids=[]))
+    moved = engine.submit(Request(work[5], max_new_tokens=12, stop_ids=[], keep_logits=True))
+    engine.step()
+    assert engine.slots[5].generation is moved
+    engine.run()
+    lone = Engine(model, slots=8)
+    one = lone.submit(Request(work[5], max_new_tokens=12, stop_ids=[], keep_logits=True))
+    lone.run()
+    assert moved.tokens == one.tokens
+    assert all(torch.equal(a, b) for a, b in zip(one.logits, moved.logits, strict=True))
+    rows_each = 1 if engine.packed else MIN_ROWS  # eager rows: exact when packed, else multiples of 4
+    assert rows[0] == (6 if engine.packed else 8) and rows[-9:] == [rows_each] * 9, rows
+
+
 def _padded(work):
     from lmforge.generation import pad_prompts
 

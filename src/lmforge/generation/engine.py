@@ -15,8 +15,9 @@ How a request travels (docs/generation.md has the picture):
                 only the rest computed); the logits of its last real token give its first new token at once
     step        all active slots decode together: one token each, written at each slot's own column, attending
                 over the first C_b columns of the first S_b slots (buckets), a mask hiding what is not theirs
-    leave       a stop token, a stop string, max_new_tokens or cancel() frees the slot at once; the next
-                request in the queue takes it at the next admit
+    leave       a stop token, a stop string, max_new_tokens or cancel() frees the slot at once; before the next
+                admit the highest active slots move down into the holes (``compact``: a step computes the
+                rows up to the highest active slot), and the next request in the queue takes the lowest free one
 
 Each row is chosen by its own settings (temperature, top-k, top-p, repetition penalty) held as per-slot tensors,
 and draws its noise from its own generator (``seed``): a request's output does not depend on its neighbours
@@ -248,6 +249,7 @@ class Engine:
             for i in self.active:
                 if self.slots[i].generation.cancelled:
                     self.finish(i, "cancelled")
+            self.compact()
             arrivals = []  # (slot, generation): what enters this step
             free = [i for i, slot in enumerate(self.slots) if slot is None]
             while self.waiting and len(arrivals) < len(free):
@@ -269,6 +271,23 @@ class Engine:
                 except Exception as err:  # every request of the step
                     for i in self.active:
                         self.finish(i, "error", f"{type(err).__name__}: {err}")
+
+    def compact(self) -> None:
+        """Move the highest active slots down into the free slots below them, so that the active slots are
+        [0, A): a step computes rows [0, A), not the holes that finished requests leave among them (16 slots
+        with 8 requests left in slots 0-15 would cost a 16-row step). A moved request keeps its bits: its keys
+        and values are copied, and a row's result does not depend on its index or neighbours (slots.py)."""
+        while (active := self.active) and active[-1] >= len(active):
+            self.move(active[-1], self.slots.index(None))
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot ``src``'s request, its cached keys and values and its per-slot state into the free slot ``dst``."""
+        slot = self.slots[src]
+        self.caches.move(src, dst, slot.length, slot.source if self.seq2seq else 0)
+        self.settings[:, dst] = self.settings[:, src]
+        self.seen[dst] = self.seen[src]
+        self.src_mask[dst] = self.src_mask[src]
+        self.slots[dst], self.slots[src] = slot, None
 
     def prefill_groups(self, arrivals: list[tuple[int, Generation]]) -> list[tuple[int, list[tuple[int, Generation]]]]:
         """The arrivals of one step in groups prefilled together, each with its cached prefix length: a decoder's

@@ -183,6 +183,15 @@ class SlotCaches:
                 layer.cross_attention.step(rows, None, (n, memory), filled=True)
         return self.layers
 
+    def move(self, src: int, dst: int, columns: int, memory: int = 0) -> None:
+        """Slot ``src``'s first ``columns`` keys and values (and ``memory`` cross-attention ones) into slot ``dst``
+        (the engine's ``compact``); the columns beyond are never read unmasked, whatever they hold."""
+        for layer in self.layers:
+            for kv, n in ((layer.self_attention, columns), (layer.cross_attention, memory)):
+                if kv is not None and n:
+                    kv.k[dst, :, :n] = kv.k[src, :, :n]
+                    kv.v[dst, :, :n] = kv.v[src, :, :n]
+
     def reorder(self, index: torch.Tensor) -> None:
         for kv in self.all():
             kv.reorder(index)
