@@ -378,6 +378,42 @@ def test_warmup_compiles_every_graph_before_the_first_request(llama):
     assert [g.tokens for g in fast] == [g.tokens for g in slow]
 
 
+def test_one_dynamic_step_graph_serves_every_batch_and_keeps_a_rows_bits(llama, s2s):
+    """compile="dynamic" (``lmforge serve --compile`` on CPU): the warm-up compiles one step graph, which then serves
+    1 to 16 requests at any length; on 2 threads every logit of a request decoded beside 15 others equals the one
+    it gets alone, and the tokens are the eager engine's."""
+    from lmforge.generation.engine import compile_mode
+
+    assert compile_mode(llama, True) == "dynamic" and compile_mode(llama, None) is None
+    assert compile_mode(s2s, True) is True  # encoder-decoders keep a graph per bucket
+    with pytest.raises(LmforgeError, match="float32 decoders on CPU"):
+        Engine(s2s, slots=4, compile="dynamic")
+    torch._dynamo.reset()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = Engine(llama, slots=16, capacity=128, compile="dynamic")
+        assert engine.row_buckets == list(range(2, 17)) and engine.prefix is None
+        graphs = counters["stats"]["unique_graphs"]
+        assert engine.warmup() == 2 and counters["stats"]["unique_graphs"] - graphs == 1
+        assert not any(kv.k.any() for kv in engine.caches.all())
+        work = prompts(16, seed=9)
+        together = [engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True)) for ids in work]
+        engine.run()
+        eager = Engine(llama, slots=16, capacity=128)
+        plain = [eager.submit(Request(ids, max_new_tokens=12, stop_ids=[])) for ids in work]
+        eager.run()
+        assert [g.tokens for g in together] == [g.tokens for g in plain]
+        for ids, g in zip(work, together, strict=True):
+            one = engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True))
+            engine.run()
+            assert one.tokens == g.tokens
+            assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
+        assert counters["stats"]["unique_graphs"] - graphs == 1 and not counters["graph_break"]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_generate_and_beams_reuse_the_engine_and_its_graphs(gpt):
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]

@@ -26,7 +26,9 @@ and draws its noise from its own generator (``seed``): a request's output does n
 Compile once: with ``compile=True`` (default on CUDA) the prefill and the step are each compiled with
 ``fullgraph=True`` (a graph break is an error) and ``dynamic=False``: one prefill graph per prompt bucket, one
 step graph per (row bucket, capacity bucket). Nothing else varies between calls: positions, lengths and the
-sampling settings are tensors, and the caches never move.
+sampling settings are tensors, and the caches never move. ``compile="dynamic"`` (float32 decoders on CPU, where
+a graph per bucket would take an hour to compile) compiles the step once for every row and column count, with the
+eager engine's packed products inside (``calls.one_graph_step``), and prefills eagerly.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from lmforge.generation.calls import (
     cpu_step,
     decoder_prefill,
     decoder_step,
+    one_graph_step,
     seq2seq_prefill,
     seq2seq_step,
 )
@@ -114,12 +117,13 @@ class Engine:
     """Continuous batching over a fixed number of slots (see the module docstring).
 
     slots: requests decoded together. capacity: the longest text a slot holds (prompt + new tokens; default
-    the model's context, at most 2048). memory: an encoder-decoder's longest source. compile: None = on CUDA.
+    the model's context, at most 2048). memory: an encoder-decoder's longest source. compile: None = on CUDA;
+    "dynamic": one step graph for all shapes (float32 decoders on CPU; see the module docstring).
     prefix_blocks: blocks of prompt beginnings kept for reuse (prefix.py; eager decoders; 0: none).
     """
 
     def __init__(self, model: nn.Module, slots: int = 8, capacity: int | None = None, tokenizer=None,
-                 compile: bool | None = None, memory: int | None = None, start_id: int | None = None,
+                 compile: bool | str | None = None, memory: int | None = None, start_id: int | None = None,
                  prefix_blocks: int = 0) -> None:
         config = model.config
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -128,19 +132,23 @@ class Engine:
         self.capacity = min(capacity or min(context, 2048), context)
         self.memory = min(memory or context, context) if self.seq2seq else 0
         self.device = next(model.parameters()).device
-        self.compile = self.device.type == "cuda" if compile is None else compile
+        self.dynamic = compile == "dynamic"
+        if self.dynamic and (self.seq2seq or self.device.type != "cpu" or not packable(model)):
+            raise LmforgeError("compile='dynamic' is for float32 decoders on CPU (packed products); use compile=True")
+        self.compile = self.device.type == "cuda" if compile is None else bool(compile)
         # eager on CPU with float32 weights: products from packed weights (calls.cpu_step), which give a row the
-        # same bits beside any number of others, so a step computes exactly its active rows. Otherwise one slot is
-        # one row (nothing to differ from), more are at least MIN_ROWS, so that a row's bits do not depend on how
-        # many others share the step (slots.py): compiled, powers of two (one graph each); eager, multiples of 4
-        fine = not self.compile
+        # same bits beside any number of others, so a step computes exactly its active rows (at least 2 in the
+        # dynamic graph). Otherwise one slot is one row (nothing to differ from), more are at least MIN_ROWS, so
+        # that a row's bits do not depend on how many others share the step (slots.py): compiled, powers of two
+        # (one graph each); eager, multiples of 4
+        self.fine = fine = not self.compile or self.dynamic  # fine buckets: shapes that cost no graph each
         self.cpu = fine and self.device.type == "cpu"
         self.packed = self.cpu and packable(model)
         rows = max(slots, MIN_ROWS)
         if slots == 1:
             self.row_buckets = [1]
         elif self.packed:
-            self.row_buckets = list(range(1, slots + 1))
+            self.row_buckets = list(range(2 if self.dynamic else 1, slots + 1))
         elif fine:  # multiples of 4 rows, the slots rounded up (slots.py: other counts change a row's bits)
             self.row_buckets = multiples(MIN_ROWS, -(-rows // MIN_ROWS) * MIN_ROWS)
         else:
@@ -149,7 +157,10 @@ class Engine:
         self.capacity_buckets = multiples(32, self.capacity) if fine else buckets(min(64, self.capacity), self.capacity)
         longest = self.memory if self.seq2seq else self.capacity
         self.prompt_buckets = multiples(8, longest) if fine else buckets(min(16, self.capacity), longest)
-        self.caches = SlotCaches(model, self.n_slots, self.capacity, self.memory)
+        # the dynamic graph holds for keys and values read as a strided view of the buffer; read whole (every
+        # column), the view is contiguous and torch.compile would make a second graph: one spare column bucket
+        spare = 32 if self.dynamic else 0
+        self.caches = SlotCaches(model, self.n_slots, self.capacity + spare, self.memory)
         self.pad_id = config.pad_id if config.pad_id is not None else (config.eos_id or 0)
         self.start_id = start_id if start_id is not None else getattr(config, "bos_id", None)
         if self.seq2seq and self.start_id is None:
@@ -163,39 +174,49 @@ class Engine:
         self.waiting: collections.deque[Generation] = collections.deque()
         self.lock = threading.Lock()
         self.busy = False  # generate() / stream() / beam search holding it (generation/decoding.py's pool)
-        if self.compile:
+        if not fine:
             graphs = len(self.row_buckets) * len(self.capacity_buckets) + len(self.prompt_buckets)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs + 2)
             if self.device.type == "cuda":  # CUDA graphs read the caches where they are
                 for kv in self.caches.all():
                     torch._dynamo.mark_static_address(kv.k)
                     torch._dynamo.mark_static_address(kv.v)
+        if self.dynamic:  # the buffers' sizes are constants of the graph: only rows and columns are symbols (a
+            for kv in self.caches.all():  # symbol equal to one of them at the first call would be merged with it)
+                torch._dynamo.mark_static(kv.k)
+                torch._dynamo.mark_static(kv.v)
         # prompt beginnings seen before, reused (prefix.py): an eager decoder's (a compiled prefill would need a
         # graph per prefix length)
-        self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and not (self.compile or self.seq2seq) \
+        self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and fine and not self.seq2seq \
             else None
         kind = (seq2seq_prefill, seq2seq_step) if self.seq2seq else (decoder_prefill, decoder_step)
-        self.prefill_fn, self.step_fn = (compiled(fn, self.device, self.compile) for fn in kind)
+        self.prefill_fn, self.step_fn = (compiled(fn, self.device, not fine) for fn in kind)
+        if self.dynamic:
+            self.prefill_fn, self.step_fn = decoder_prefill, one_graph_step(decoder_step)
 
     def warmup(self) -> int:
         """Compile every graph this engine can need, before any request waits for one: a prefill per prompt
-        bucket, a step per (row bucket, capacity bucket) (and per source bucket for an encoder-decoder). Made on
+        bucket, a step per (row bucket, capacity bucket) (and per source bucket for an encoder-decoder); with
+        ``compile="dynamic"`` the one step graph (called at the fewest and the most rows and columns). Made on
         pad tokens in idle slots, which are zeroed again after. Eager engines have nothing to compile: 0.
         Returns the number of model calls made (the graphs compiled, when none existed before)."""
         if not self.compile or self.active or self.waiting:
             return 0
         calls = 0
         sources = self.prompt_buckets if self.seq2seq else [1]
+        shapes = [(rows, columns) for rows in self.row_buckets for columns in self.capacity_buckets]
         with torch.inference_mode():
-            for width in self.prompt_buckets:
-                self.prefill([0], [[self.pad_id] * width])
-                calls += 1
-            for rows in self.row_buckets:
+            if self.dynamic:  # one graph: its first call compiles it, the second checks it serves other shapes
+                shapes = [shapes[0], shapes[-1]]
+            else:
+                for width in self.prompt_buckets:
+                    self.prefill([0], [[self.pad_id] * width])
+                    calls += 1
+            for rows, columns in shapes:
                 tokens = torch.full((rows,), self.pad_id, dtype=torch.long, device=self.device)
-                for columns in self.capacity_buckets:
-                    for source in sources:
-                        self.forward(tokens, [columns - 1] * rows, [source] * rows)
-                        calls += 1
+                for source in sources:
+                    self.forward(tokens, [columns - 1] * rows, [source] * rows)
+                    calls += 1
             for kv in self.caches.all():  # as new: unwritten columns hold 0
                 kv.k.zero_()
                 kv.v.zero_()
@@ -294,7 +315,7 @@ class Engine:
         prompts with the same cached length and the same width bucket of the rest (each row then has the shapes
         it has alone, so the same bits); one at a time when compiled (one graph per prompt bucket) or for an
         encoder-decoder."""
-        if self.compile or self.seq2seq:
+        if not self.fine or self.seq2seq:
             return [(0, [a]) for a in arrivals]
         groups: dict[tuple[int, int], list[tuple[int, Generation]]] = {}
         for i, g in arrivals:
@@ -427,6 +448,15 @@ class Engine:
         generation = self.slots[i].generation
         self.slots[i] = None
         end(generation, reason, error)
+
+def compile_mode(model: nn.Module, compile: bool | None) -> bool | str | None:
+    """What a server's ``--compile`` asks of the engine: on CPU, for a float32 decoder, the one dynamic step graph
+    ("dynamic": a graph per bucket would take an hour to compile on a few cores); otherwise as given."""
+    cpu = next(model.parameters()).device.type == "cpu"
+    if compile and cpu and not is_encoder_decoder(model) and packable(model):
+        return "dynamic"
+    return compile
+
 
 def end(generation: Generation, reason: str, error: str | None = None) -> None:
     """Mark a generation ended, then tell whoever waits (``on_finish``, ``ended``)."""

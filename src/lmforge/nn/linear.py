@@ -27,7 +27,10 @@ recording, or for other dtypes and devices, the layer is ``F.linear``.
     True
 
 The switch is a context variable, so it holds for the thread that set it only (a server's engine thread), and
-costs a lookup per layer.
+costs a lookup per layer. ``torch.compile`` cannot read one: a compiled decoding step (the engine's one-graph CPU
+step, ``generation/calls.py``) instead sets each layer's ``packed`` attribute (``attach_packed``), and the graph
+calls ``lmforge::packed_linear``, the same oneDNN product as an operator the compiler keeps as it is while it
+fuses what lies between products.
 """
 
 from __future__ import annotations
@@ -81,11 +84,43 @@ def packed_weight(layer: nn.Linear) -> torch.Tensor | None:
     return held[2]
 
 
+@torch.library.custom_op("lmforge::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., in) times a weight packed by ``packed_weight`` (out, in), plus bias -> (..., out): oneDNN's product
+    as one operator, which ``torch.compile`` calls as it is (no fake-tensor rule exists for oneDNN's own)."""
+    return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], packed.shape[0])
+
+
+def attach_packed(model: nn.Module) -> None:
+    """Set every ``Linear``'s ``packed`` attribute to its packed weight (made again if the weight changed), which a
+    compiled inference call then multiplies by; ``detach_packed`` clears them."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.packed = packed_weight(m)
+
+
+def detach_packed(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.__dict__.pop("packed", None)
+
+
 class Linear(nn.Linear):
     """``nn.Linear``, computed from a packed weight inside ``packed_products()`` (see the module docstring)."""
 
+    packed: torch.Tensor | None = None  # set by ``attach_packed``, read under torch.compile only
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and PACKED.get() and not torch.is_grad_enabled():
+        if torch.compiler.is_compiling():
+            if self.packed is not None and not torch.is_grad_enabled():
+                return packed_linear(x, self.packed, self.bias)
+            return F.linear(x, self.weight, self.bias)
+        if PACKED.get() and not torch.is_grad_enabled():
             packed = packed_weight(self)
             if packed is not None:
                 return torch.ops.mkldnn._linear_pointwise.default(x, packed, self.bias, "none", [], "")

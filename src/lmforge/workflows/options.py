@@ -170,9 +170,10 @@ class ServeOptions:
     dtype: Literal["fp32", "bf16", "fp16"] = setting("fp32", "weights' dtype")
     context: int | None = setting(None, "longest prompt + reply a slot holds (default: the model's, at most 2048)",
                                   min=1, metavar="N")
-    compile: bool | None = setting(None, "compile the engine's graphs (default: on CUDA)")
+    compile: bool | None = setting(None, "compile the engine's graphs (default: on CUDA; on CPU one step graph "
+                                         "for every batch, a few minutes at start)")
     prefix_cache: int = setting(128, "blocks of 8 prompt tokens kept to reuse shared prompt beginnings "
-                                    "(eager engines; 0: off)", min=0, metavar="BLOCKS")
+                                    "(eager prefills; 0: off)", min=0, metavar="BLOCKS")
     max_tokens: int = setting(256, "new tokens when a request does not say", min=1, metavar="N")
     max_body: int = setting(1_000_000, "largest request body in bytes (413 beyond)", min=1, metavar="BYTES")
     grace: float = setting(30.0, "seconds SIGTERM waits for the streams in flight before exiting", min=0)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.generation.engine import Engine, Generation, Request
+from lmforge.generation.engine import Engine, Generation, Request, compile_mode
 from lmforge.workflows.options import Runtime, ServeOptions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -149,7 +149,7 @@ class ModelService:
         self.warmup: tuple[int, float] | None = None  # compiled engines: (graphs, seconds) made at start
         if self.generates:
             engine = Engine(model, options.slots, capacity=options.context or None, tokenizer=tokenizer,
-                            compile=options.compile, prefix_blocks=options.prefix_cache)
+                            compile=compile_mode(model, options.compile), prefix_blocks=options.prefix_cache)
             self.context = engine.capacity
             began = time.perf_counter()
             graphs = engine.warmup()  # compiled: every graph before the first request, none while serving
