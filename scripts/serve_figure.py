@@ -1,7 +1,7 @@
 """docs/img/serve_throughput.png: completion tokens per second of lmforge serve and transformers serve, from one
 bench/serve.py run (short and long replies, 1, 4 and 16 clients).
 
-    .venv/bin/python scripts/serve_figure.py                      # docs/results/serve-cpu-2026-11-26d.jsonl
+    .venv/bin/python scripts/serve_figure.py                      # docs/results/serve-cpu-2026-11-26e.jsonl
     .venv/bin/python scripts/serve_figure.py RESULTS.jsonl        # another run's rows (bench/serve.py's output)
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from lmforge.viz.plots import pyplot, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results" / "serve-cpu-2026-11-26d.jsonl"
+RESULTS = ROOT / "docs" / "results" / "serve-cpu-2026-11-26e.jsonl"
 OUT = ROOT / "docs" / "img" / "serve_throughput.png"
 SERVERS = {"lmforge serve": "#1f77b4", "transformers serve --continuous-batching": "#ff7f0e",
            "transformers serve --no-continuous-batching": "#bbbbbb"}
@@ -31,7 +31,9 @@ def main() -> None:
         for i, (server, color) in enumerate(SERVERS.items()):
             speed = {r["clients"]: r["tokens_per_s"] for r in rows if r["prompts"] == kind and r["server"] == server}
             xs = [c + (i - (len(SERVERS) - 1) / 2) * width for c in range(len(clients))]
-            bars = ax.bar(xs, [speed.get(c, 0) for c in clients], width, color=color, label=server)
+            compiled = any(r.get("compile") for r in rows if r["server"] == server)
+            label = f"{server} --compile" if compiled else server
+            bars = ax.bar(xs, [speed.get(c, 0) for c in clients], width, color=color, label=label)
             ax.bar_label(bars, fmt="%.0f", fontsize=7)
         ax.set(xticks=range(len(clients)), xticklabels=[f"{c} client{'s' if c > 1 else ''}" for c in clients],
                ylabel="completion tokens / s", title=f"{kind} replies, SmolLM2-135M, 2 CPU cores")

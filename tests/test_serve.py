@@ -106,6 +106,29 @@ def test_sixteen_concurrent_greedy_requests_equal_each_alone(server):
     assert together == solo
 
 
+def test_compile_on_cpu_makes_one_graph_before_listening_and_answers_as_the_eager_server(server, model_dir):
+    """``lmforge serve --compile`` on CPU: the step compiled once at start (compile="dynamic"), then 8 concurrent
+    greedy replies are the eager server's."""
+    url, _ = server
+    questions = [[{"role": "user", "content": f"what is the cat {i}?"}] for i in range(8)]
+    eager = [client(url).chat.completions.create(model="m", messages=q, temperature=0, max_tokens=10)
+             .choices[0].message.content for q in questions]
+    with live_server(model_dir, slots=8, compile=True) as (compiled_url, service):
+        assert service.engine.engine.dynamic and service.warmup[0] == 1
+        together: list[str | None] = [None] * 8
+
+        def ask(i: int) -> None:
+            together[i] = client(compiled_url).chat.completions.create(
+                model="m", messages=questions[i], temperature=0, max_tokens=10).choices[0].message.content
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert together == eager
+
+
 @pytest.mark.parametrize(("body", "status", "param"), [
     ({"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": QUESTION, "frobnicate": 1}, 400, "frobnicate"),

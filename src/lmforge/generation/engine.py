@@ -199,7 +199,8 @@ class Engine:
         bucket, a step per (row bucket, capacity bucket) (and per source bucket for an encoder-decoder); with
         ``compile="dynamic"`` the one step graph (called at the fewest and the most rows and columns). Made on
         pad tokens in idle slots, which are zeroed again after. Eager engines have nothing to compile: 0.
-        Returns the number of model calls made (the graphs compiled, when none existed before)."""
+        Returns the number of graphs this needs (compiled now, when none existed before): a model call each, and
+        the dynamic graph's second call, which compiles nothing, is not counted."""
         if not self.compile or self.active or self.waiting:
             return 0
         calls = 0
@@ -221,7 +222,7 @@ class Engine:
                 kv.k.zero_()
                 kv.v.zero_()
             self.src_mask.zero_()
-        return calls
+        return 1 if self.dynamic else calls
 
     # -- the queue ----------------------------------------------------------------------------------------------
     def submit(self, request: Request) -> Generation:

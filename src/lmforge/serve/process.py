@@ -46,7 +46,8 @@ def run(service: ModelService, options: ServeOptions) -> int | None:
         if not server.started:
             raise LmforgeError(f"--host {options.host} --port {options.port}: the server could not listen "
                                "(is the port in use?)")
-        ready = f"; {service.warmup[0]} graphs compiled in {service.warmup[1]:.0f} s" if service.warmup else ""
+        graphs, seconds = service.warmup or (0, 0.0)
+        ready = f"; {graphs} graph{'s' * (graphs != 1)} compiled in {seconds:.0f} s" if graphs else ""
         print(f"lmforge serve: {service.name} on http://{options.host}:{options.port} ({options.slots} slots, "
               f"context {service.context}{ready})", file=sys.stderr, flush=True)
         step_until(service, lambda: not http.is_alive())  # until the drain after a signal has ended
