@@ -48,6 +48,22 @@ def alone(model_dir: Path, messages: list[dict], n: int) -> str:
     return chat(model, tok, messages, GenerateOptions(max_new_tokens=n, temperature=0.0))
 
 
+def concurrently(url: str, questions: list[list[dict]], n: int) -> list[str | None]:
+    """The greedy replies (up to n tokens) to all the questions asked at once, one client thread each."""
+    replies: list[str | None] = [None] * len(questions)
+
+    def ask(i: int) -> None:
+        replies[i] = client(url).chat.completions.create(model="m", messages=questions[i], temperature=0,
+                                                         max_tokens=n).choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return replies
+
+
 def test_chat_completion_equals_the_python_api(server, model_dir):
     url, _ = server
     answer = client(url).chat.completions.create(model="chat-model", messages=QUESTION, temperature=0, max_tokens=12)
@@ -92,18 +108,7 @@ def test_sixteen_concurrent_greedy_requests_equal_each_alone(server):
     questions = [[{"role": "user", "content": f"hello there {i}, how are you?"}] for i in range(16)]
     solo = [client(url).chat.completions.create(model="m", messages=q, temperature=0, max_tokens=10)
             .choices[0].message.content for q in questions]
-    together: list[str | None] = [None] * 16
-
-    def ask(i: int) -> None:
-        together[i] = client(url).chat.completions.create(model="m", messages=questions[i], temperature=0,
-                                                          max_tokens=10).choices[0].message.content
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert together == solo
+    assert concurrently(url, questions, 10) == solo
 
 
 def test_compile_on_cpu_makes_one_graph_before_listening_and_answers_as_the_eager_server(server, model_dir):
@@ -115,18 +120,7 @@ def test_compile_on_cpu_makes_one_graph_before_listening_and_answers_as_the_eage
              .choices[0].message.content for q in questions]
     with live_server(model_dir, slots=8, compile=True) as (compiled_url, service):
         assert service.engine.engine.dynamic and service.warmup[0] == 1
-        together: list[str | None] = [None] * 8
-
-        def ask(i: int) -> None:
-            together[i] = client(compiled_url).chat.completions.create(
-                model="m", messages=questions[i], temperature=0, max_tokens=10).choices[0].message.content
-
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    assert together == eager
+        assert concurrently(compiled_url, questions, 10) == eager
 
 
 @pytest.mark.parametrize(("body", "status", "param"), [
