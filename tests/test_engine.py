@@ -382,7 +382,7 @@ def test_one_dynamic_step_graph_serves_every_batch_and_keeps_a_rows_bits(llama, 
     """compile="dynamic" (``lmforge serve --compile`` on CPU): the warm-up compiles one step graph, which then serves
     1 to 16 requests at any length; on 2 threads every logit of a request decoded beside 15 others equals the one
     it gets alone, and the tokens are the eager engine's."""
-    from lmforge.generation.engine import compile_mode
+    from lmforge.generation.calls import compile_mode
 
     assert compile_mode(llama, True) == "dynamic" and compile_mode(llama, None) is None
     assert compile_mode(s2s, True) is True  # encoder-decoders keep a graph per bucket

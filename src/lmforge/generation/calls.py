@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from lmforge.nn.linear import attach_packed, detach_packed, packed_products
+from lmforge.models.interfaces import is_encoder_decoder
+from lmforge.nn.linear import attach_packed, detach_packed, packable, packed_products
 
 
 def compiled(fn: Callable, device: torch.device, enabled: bool) -> Callable:
@@ -127,3 +128,12 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def compile_mode(model: nn.Module, compile: bool | None) -> bool | str | None:
+    """What a server's ``--compile`` asks of the engine: on CPU, for a float32 decoder, the one dynamic step graph
+    ("dynamic": a graph per bucket would take an hour to compile on a few cores); otherwise as given."""
+    cpu = next(model.parameters()).device.type == "cpu"
+    if compile and cpu and not is_encoder_decoder(model) and packable(model):
+        return "dynamic"
+    return compile

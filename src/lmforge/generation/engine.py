@@ -36,8 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -55,62 +54,12 @@ from lmforge.generation.calls import (
     seq2seq_step,
 )
 from lmforge.generation.prefix import PrefixCache
+from lmforge.generation.requests import Generation, Request, Slot, end
 from lmforge.generation.sampling import draw
 from lmforge.generation.slots import MIN_ROWS, SlotCaches, bucket, buckets, multiples
 from lmforge.generation.text import StopStrings
 from lmforge.models.interfaces import is_encoder_decoder
 from lmforge.nn.linear import packable
-
-
-@dataclass
-class Request:
-    """One generation: the prompt (a decoder's) or the source (an encoder-decoder's), and its own settings."""
-
-    ids: Sequence[int]
-    max_new_tokens: int = 50
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    generator: torch.Generator | None = None  # instead of seed: draw from this (shared) stream
-    stop_ids: Sequence[int] | None = None  # None: the model's eos_id
-    stop_strings: Sequence[str] = ()  # needs the engine's tokenizer
-    keep_logits: bool = False  # keep each step's raw logits (V,) in Generation.logits
-    on_token: Callable[[int], None] | None = None  # called (from the engine's thread) with each new token
-    on_finish: Callable[[Generation], None] | None = None  # called once it ends, whatever the reason
-
-
-@dataclass(eq=False)
-class Generation:
-    """What ``submit`` returns: the request's tokens so far and, once done, why it ended."""
-
-    request: Request
-    tokens: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
-    error: str | None = None  # what went wrong, when finish_reason is "error"
-    cancelled: bool = False
-    ended: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    def cancel(self) -> None:
-        """Free the slot at the next step (any thread may call it)."""
-        self.cancelled = True
-
-
-class Slot:
-    """The host's view of one slot: which generation holds it, how many columns it has written, its settings."""
-
-    def __init__(self, generation: Generation, length: int, source: int, stops: frozenset[int],
-                 texts: StopStrings | None, generator: torch.Generator | None) -> None:
-        self.generation, self.request = generation, generation.request
-        self.length, self.source = length, source  # columns written; an encoder-decoder's source length
-        self.stops, self.texts, self.generator = stops, texts, generator
-        self.token = 0  # the newest token, not yet in the cache: the next step's input
 
 
 class Engine:
@@ -449,19 +398,3 @@ class Engine:
         generation = self.slots[i].generation
         self.slots[i] = None
         end(generation, reason, error)
-
-def compile_mode(model: nn.Module, compile: bool | None) -> bool | str | None:
-    """What a server's ``--compile`` asks of the engine: on CPU, for a float32 decoder, the one dynamic step graph
-    ("dynamic": a graph per bucket would take an hour to compile on a few cores); otherwise as given."""
-    cpu = next(model.parameters()).device.type == "cpu"
-    if compile and cpu and not is_encoder_decoder(model) and packable(model):
-        return "dynamic"
-    return compile
-
-
-def end(generation: Generation, reason: str, error: str | None = None) -> None:
-    """Mark a generation ended, then tell whoever waits (``on_finish``, ``ended``)."""
-    generation.finish_reason, generation.error = reason, error
-    generation.ended.set()
-    if generation.request.on_finish is not None:
-        generation.request.on_finish(generation)

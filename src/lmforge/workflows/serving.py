@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.generation.engine import Engine, Generation, Request, compile_mode
+from lmforge.generation.calls import compile_mode
+from lmforge.generation.engine import Engine, Generation, Request
 from lmforge.workflows.options import Runtime, ServeOptions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
