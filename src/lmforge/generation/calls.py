@@ -14,7 +14,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from lmforge.models.interfaces import is_encoder_decoder
-from lmforge.nn.linear import attach_packed, detach_packed, packable, packed_products
+from lmforge.nn.linear import Linear, packable, packed_attached, packed_products
 
 
 def compiled(fn: Callable, device: torch.device, enabled: bool) -> Callable:
@@ -25,7 +25,7 @@ def compiled(fn: Callable, device: torch.device, enabled: bool) -> Callable:
     return torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
 
 
-def one_graph_step(fn: Callable) -> Callable:
+def one_graph_step(fn: Callable, model: nn.Module) -> Callable:
     """A decoder step (``decoder_step``) compiled once for every row and column count (``dynamic=True``, the rows
     marked dynamic: at least 2, since a size of 1 is always specialised), its products from packed weights
     (``nn.linear.packed_linear``, the eager engine's oneDNN products, kept whole in the graph) and the rest fused
@@ -33,18 +33,21 @@ def one_graph_step(fn: Callable) -> Callable:
     0.70-0.79 of the eager step at 2-16 rows). A row's bits do not depend on the row count: per-row work only,
     and products that give a row the same bits beside any number of rows (tests/test_engine.py)."""
     graph = torch.compile(fn, fullgraph=True, dynamic=True)
+    layers = [m for m in model.modules() if isinstance(m, Linear)]  # found once, not at every step
 
     def step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: torch.Tensor,
              capacity: int) -> torch.Tensor:
         torch._dynamo.mark_dynamic(tokens, 0)
         torch._dynamo.mark_dynamic(lengths, 0)
-        attach_packed(model)  # read by the graph's Linear layers (a context variable cannot be, under compile)
-        try:
+        with packed_attached(layers):  # read by the graph's Linear layers (a context variable cannot be, compiled)
             return graph(model, caches, tokens, lengths, capacity)
-        finally:
-            detach_packed(model)
 
     return step
+
+
+def fits_one_graph(model: nn.Module) -> bool:
+    """Whether ``one_graph_step`` can run this model: a decoder whose every product is packed (float32 on CPU)."""
+    return next(model.parameters()).device.type == "cpu" and not is_encoder_decoder(model) and packable(model)
 
 
 @functools.cache
@@ -133,7 +136,4 @@ def one_thread() -> Iterator[None]:
 def compile_mode(model: nn.Module, compile: bool | None) -> bool | str | None:
     """What a server's ``--compile`` asks of the engine: on CPU, for a float32 decoder, the one dynamic step graph
     ("dynamic": a graph per bucket would take an hour to compile on a few cores); otherwise as given."""
-    cpu = next(model.parameters()).device.type == "cpu"
-    if compile and cpu and not is_encoder_decoder(model) and packable(model):
-        return "dynamic"
-    return compile
+    return "dynamic" if compile and fits_one_graph(model) else compile

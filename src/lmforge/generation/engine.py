@@ -49,6 +49,7 @@ from lmforge.generation.calls import (
     cpu_step,
     decoder_prefill,
     decoder_step,
+    fits_one_graph,
     one_graph_step,
     seq2seq_prefill,
     seq2seq_step,
@@ -82,7 +83,7 @@ class Engine:
         self.memory = min(memory or context, context) if self.seq2seq else 0
         self.device = next(model.parameters()).device
         self.dynamic = compile == "dynamic"
-        if self.dynamic and (self.seq2seq or self.device.type != "cpu" or not packable(model)):
+        if self.dynamic and not fits_one_graph(model):
             raise LmforgeError("compile='dynamic' is for float32 decoders on CPU (packed products); use compile=True")
         self.compile = self.device.type == "cuda" if compile is None else bool(compile)
         # eager on CPU with float32 weights: products from packed weights (calls.cpu_step), which give a row the
@@ -139,9 +140,9 @@ class Engine:
         self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and fine and not self.seq2seq \
             else None
         kind = (seq2seq_prefill, seq2seq_step) if self.seq2seq else (decoder_prefill, decoder_step)
-        self.prefill_fn, self.step_fn = (compiled(fn, self.device, not fine) for fn in kind)
+        self.prefill_fn, self.step_fn = (compiled(fn, self.device, not fine) for fn in kind)  # eager when fine
         if self.dynamic:
-            self.prefill_fn, self.step_fn = decoder_prefill, one_graph_step(decoder_step)
+            self.step_fn = one_graph_step(self.step_fn, model)
 
     def warmup(self) -> int:
         """Compile every graph this engine can need, before any request waits for one: a prefill per prompt

@@ -28,7 +28,7 @@ recording, or for other dtypes and devices, the layer is ``F.linear``.
 
 The switch is a context variable, so it holds for the thread that set it only (a server's engine thread), and
 costs a lookup per layer. ``torch.compile`` cannot read one: a compiled decoding step (the engine's one-graph CPU
-step, ``generation/calls.py``) instead sets each layer's ``packed`` attribute (``attach_packed``), and the graph
+step, ``generation/calls.py``) instead sets each layer's ``packed`` attribute (``packed_attached``), and the graph
 calls ``lmforge::packed_linear``, the same oneDNN product as an operator the compiler keeps as it is while it
 fuses what lies between products.
 """
@@ -39,7 +39,7 @@ import contextlib
 import contextvars
 import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -96,24 +96,24 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty(*x.shape[:-1], packed.shape[0])
 
 
-def attach_packed(model: nn.Module) -> None:
-    """Set every ``Linear``'s ``packed`` attribute to its packed weight (made again if the weight changed), which a
-    compiled inference call then multiplies by; ``detach_packed`` clears them."""
-    for m in model.modules():
-        if isinstance(m, Linear):
-            m.packed = packed_weight(m)
-
-
-def detach_packed(model: nn.Module) -> None:
-    for m in model.modules():
-        if isinstance(m, Linear):
-            m.__dict__.pop("packed", None)
+@contextlib.contextmanager
+def packed_attached(layers: Sequence[Linear]) -> Iterator[None]:
+    """Inside the block each of these layers holds its packed weight (made again if the weight changed) as its
+    ``packed`` attribute, which a compiled inference call multiplies by; cleared after, so that nothing else ever
+    sees it."""
+    for layer in layers:
+        layer.packed = packed_weight(layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("packed", None)
 
 
 class Linear(nn.Linear):
     """``nn.Linear``, computed from a packed weight inside ``packed_products()`` (see the module docstring)."""
 
-    packed: torch.Tensor | None = None  # set by ``attach_packed``, read under torch.compile only
+    packed: torch.Tensor | None = None  # set by ``packed_attached``, read under torch.compile only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
