@@ -88,7 +88,18 @@ def packed_weight(layer: nn.Linear) -> torch.Tensor | None:
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x (..., in) times a weight packed by ``packed_weight`` (out, in), plus bias -> (..., out): oneDNN's product
     as one operator, which ``torch.compile`` calls as it is (no fake-tensor rule exists for oneDNN's own)."""
-    return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+    return packed_product(x, packed, bias)
+
+
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's product of x (..., in) and a packed weight. A lone row is computed as two (the row twice): on
+    AVX-512 machines oneDNN takes another kernel for one row of some widths (1536 -> 576, SmolLM2's down
+    projection), whose bits differ from the same row's among 2 to 64 rows (measured, torch 2.13)."""
+    if x.numel() != x.shape[-1]:
+        return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+    pair = x.reshape(1, -1).expand(2, -1).contiguous()  # (2, in)
+    return torch.ops.mkldnn._linear_pointwise.default(pair, packed, bias, "none", [], "")[:1].reshape(
+        *x.shape[:-1], packed.shape[0])
 
 
 @packed_linear.register_fake
@@ -123,7 +134,7 @@ class Linear(nn.Linear):
         if PACKED.get() and not torch.is_grad_enabled():
             packed = packed_weight(self)
             if packed is not None:
-                return torch.ops.mkldnn._linear_pointwise.default(x, packed, self.bias, "none", [], "")
+                return packed_product(x, packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
