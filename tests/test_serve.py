@@ -21,6 +21,7 @@ requests = pytest.importorskip("requests", reason="requests (dev extra) sends th
 from serve_helpers import chat_model, free_port, live_server  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "what is the capital of france?"}]
+MODEL = "chat-model"  # the folder chat_model writes: the name the server serves
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def concurrently(url: str, questions: list[list[dict]], n: int) -> list[str | No
     replies: list[str | None] = [None] * len(questions)
 
     def ask(i: int) -> None:
-        replies[i] = client(url).chat.completions.create(model="m", messages=questions[i], temperature=0,
+        replies[i] = client(url).chat.completions.create(model=MODEL, messages=questions[i], temperature=0,
                                                          max_tokens=n).choices[0].message.content
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
@@ -74,9 +75,9 @@ def test_chat_completion_equals_the_python_api(server, model_dir):
 
 def test_streaming_gives_the_same_text_in_pieces(server):
     url, _ = server
-    whole = client(url).chat.completions.create(model="m", messages=QUESTION, temperature=0, max_tokens=16)
+    whole = client(url).chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=16)
     pieces = [c.choices[0].delta.content or "" for c in client(url).chat.completions.create(
-        model="m", messages=QUESTION, temperature=0, max_tokens=16, stream=True) if c.choices]
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=16, stream=True) if c.choices]
     assert "".join(pieces) == whole.choices[0].message.content and len([p for p in pieces if p]) > 1
     with requests.post(f"{url}/v1/chat/completions", stream=True, json={"messages": QUESTION, "stream": True,
                       "max_tokens": 4, "stream_options": {"include_usage": True}}) as r:
@@ -87,17 +88,17 @@ def test_streaming_gives_the_same_text_in_pieces(server):
 def test_completions_and_stop_strings(server):
     url, _ = server
     c = client(url)
-    free = c.completions.create(model="m", prompt="the cat sat", temperature=0, max_tokens=20).choices[0]
-    assert free.text and c.completions.create(model="m", prompt=["the cat sat"], temperature=0,
+    free = c.completions.create(model=MODEL, prompt="the cat sat", temperature=0, max_tokens=20).choices[0]
+    assert free.text and c.completions.create(model=MODEL, prompt=["the cat sat"], temperature=0,
                                               max_tokens=20).choices[0].text == free.text
     stop = free.text[3:6]
-    cut = c.completions.create(model="m", prompt="the cat sat", temperature=0, max_tokens=20, stop=[stop])
+    cut = c.completions.create(model=MODEL, prompt="the cat sat", temperature=0, max_tokens=20, stop=[stop])
     assert cut.choices[0].text == free.text[: free.text.index(stop)] and cut.choices[0].finish_reason == "stop"
 
 
 def test_seeded_sampling_is_reproducible(server):
     url, _ = server
-    ask = dict(model="m", messages=QUESTION, temperature=1.0, top_p=0.9, max_tokens=12)
+    ask = dict(model=MODEL, messages=QUESTION, temperature=1.0, top_p=0.9, max_tokens=12)
     first = client(url).chat.completions.create(seed=7, **ask).choices[0].message.content
     assert client(url).chat.completions.create(seed=7, **ask).choices[0].message.content == first
 
@@ -106,7 +107,7 @@ def test_sixteen_concurrent_greedy_requests_equal_each_alone(server):
     """Continuous batching on the live server: the answers beside 15 others are the answers alone."""
     url, _ = server
     questions = [[{"role": "user", "content": f"hello there {i}, how are you?"}] for i in range(16)]
-    solo = [client(url).chat.completions.create(model="m", messages=q, temperature=0, max_tokens=10)
+    solo = [client(url).chat.completions.create(model=MODEL, messages=q, temperature=0, max_tokens=10)
             .choices[0].message.content for q in questions]
     assert concurrently(url, questions, 10) == solo
 
@@ -116,7 +117,7 @@ def test_compile_on_cpu_makes_one_graph_before_listening_and_answers_as_the_eage
     greedy replies are the eager server's."""
     url, _ = server
     questions = [[{"role": "user", "content": f"what is the cat {i}?"}] for i in range(8)]
-    eager = [client(url).chat.completions.create(model="m", messages=q, temperature=0, max_tokens=10)
+    eager = [client(url).chat.completions.create(model=MODEL, messages=q, temperature=0, max_tokens=10)
              .choices[0].message.content for q in questions]
     with live_server(model_dir, slots=8, compile=True) as (compiled_url, service):
         assert service.engine.engine.dynamic and service.warmup[0] == 1
@@ -139,7 +140,7 @@ def test_bad_requests_are_400_naming_the_field(server, body, status, param):
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and (param is None or error["param"] == param), error
     with pytest.raises(openai.BadRequestError):
-        client(url).chat.completions.create(model="m", messages=QUESTION, max_tokens=0)
+        client(url).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=0)
 
 
 def test_an_endpoint_the_model_cannot_serve_is_400(server):
@@ -187,7 +188,7 @@ def test_disconnects_free_their_slots(server):
     while service.load()[:2] != (0, 0) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert service.load()[:2] == (0, 0)
-    assert client(url).chat.completions.create(model="m", messages=QUESTION, max_tokens=3).choices[0].message
+    assert client(url).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3).choices[0].message
 
 
 def test_api_key_queue_limit_and_body_limit(model_dir):
@@ -200,7 +201,7 @@ def test_api_key_queue_limit_and_body_limit(model_dir):
         c = client(url, "s3cret")
         assert c.models.list().data
         # no queue, one free slot: a request is served
-        assert c.chat.completions.create(model="m", messages=QUESTION, max_tokens=3).choices[0].message
+        assert c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3).choices[0].message
         ids = service.chat_ids(QUESTION)
         busy = service.complete(EngineRequest(ids, max_new_tokens=service.context - len(ids), stop_ids=[]))
         deadline = time.monotonic() + 30
@@ -290,6 +291,6 @@ def test_smollm2_answers_through_the_openai_client():
 
     with live_server(smollm2_path(), slots=4) as (url, _):
         answer = client(url).chat.completions.create(
-            model="smollm2", temperature=0, max_tokens=30,
+            model="SmolLM2-135M-Instruct.Q4_1", temperature=0, max_tokens=30,
             messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
     assert answer.choices[0].message.content == "The capital of France is Paris."

@@ -62,7 +62,7 @@ def browser():
 def test_a_question_typed_in_the_page_streams_the_apis_greedy_answer(server, browser):
     question, tokens = "what is the capital of france?", 24
     api = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=60)
-    expected = api.chat.completions.create(model="m", messages=[{"role": "user", "content": question}],
+    expected = api.chat.completions.create(model="chat-model", messages=[{"role": "user", "content": question}],
                                            temperature=0, max_tokens=tokens).choices[0].message.content
     browser.get(server + "/")
     assert "chat-model" in browser.find_element(By.ID, "model").text  # the model's name (and context) shown

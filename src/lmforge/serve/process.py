@@ -3,6 +3,9 @@
     service = ModelService.open(path, options, runtime, engine_thread=False)   # the engine is stepped here
     stopped_by = run(service, options)     # returns once a SIGTERM / SIGINT's drain has ended (the signal), or raises
 
+A signal drains the server (``Drain``): requests in flight finish (up to ``--grace`` seconds) while new ones and
+/health get 503 with Retry-After, then the listener closes.
+
 Why the engine, not the HTTP server, keeps the main thread: the model was loaded there, and PyTorch's CPU threads
 come from OpenMP, which keeps one team of workers for each thread that runs parallel work. Stepping the engine on
 a second thread makes a second team; libgomp then has more threads than cores, spins only briefly before sleeping,
@@ -26,19 +29,15 @@ from lmforge.workflows.serving import ModelService
 
 
 def run(service: ModelService, options: ServeOptions) -> int | None:
-    """Serve until SIGTERM or SIGINT has stopped new requests and the ones in flight have finished (up to
-    ``options.grace`` seconds); the signal's number, or None. A server that cannot listen is an ``LmforgeError``."""
-    config = uvicorn.Config(create_app(service), host=options.host, port=options.port, log_level="warning",
-                            timeout_graceful_shutdown=int(options.grace) or None, access_log=False)
+    """Serve until SIGTERM or SIGINT has drained the server (``Drain``); the signal's number, or None. A server
+    that cannot listen is an ``LmforgeError``."""
+    app = create_app(service)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
+                            timeout_graceful_shutdown=5, access_log=False)
     server = uvicorn.Server(config)
-    stopped: list[int] = []
-
-    def stop(number: int, frame) -> None:  # uvicorn listens for signals on the main thread only: pass them on
-        stopped.append(number)
-        server.handle_exit(number, frame)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, stop)
+    drain = Drain(server, app.state.lmforge, service, options.grace)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn listens for signals on the main thread only: ours
+        signal.signal(sig, drain.begin)
     http = threading.Thread(target=server.run, name="lmforge-http", daemon=True)
     http.start()
     try:
@@ -46,15 +45,53 @@ def run(service: ModelService, options: ServeOptions) -> int | None:
         if not server.started:
             raise LmforgeError(f"--host {options.host} --port {options.port}: the server could not listen "
                                "(is the port in use?)")
+        if (warning := exposure_warning(options)) is not None:
+            print(f"lmforge serve: warning: {warning}", file=sys.stderr, flush=True)
         graphs, seconds = service.warmup or (0, 0.0)
         ready = f"; {graphs} graph{'s' * (graphs != 1)} compiled in {seconds:.0f} s" if graphs else ""
-        print(f"lmforge serve: {service.name} on http://{options.host}:{options.port} ({options.slots} slots, "
+        print(f"lmforge serve: {service.name} on http://{options.host}:{options.port} ({service.load()[2]} slots, "
               f"context {service.context}{ready})", file=sys.stderr, flush=True)
-        step_until(service, lambda: not http.is_alive())  # until the drain after a signal has ended
+        step_until(service, lambda: not http.is_alive() or drain.over())  # until the drain after a signal has ended
         http.join()
     finally:
         service.close()
-    return stopped[-1] if stopped else None
+    return drain.signal
+
+
+def exposure_warning(options: ServeOptions) -> str | None:
+    """What to say when the server listens beyond this machine with no key, else None."""
+    if options.host in ("127.0.0.1", "localhost", "::1") or options.api_key:
+        return None
+    return (f"--host {options.host} listens beyond this machine and no --api-key is set: anyone who reaches the "
+            "port can use the model")
+
+
+class Drain:
+    """What SIGTERM / SIGINT start: new requests (and /health) get 503 with Retry-After while the requests in
+    flight finish, for up to ``grace`` seconds; then what is left is cancelled and the server closes. A second
+    signal closes it at once."""
+
+    def __init__(self, server: uvicorn.Server, state, service: ModelService, grace: float) -> None:
+        self.server, self.state, self.service, self.grace = server, state, service, grace
+        self.signal: int | None = None
+        self.deadline = 0.0
+
+    def begin(self, number: int, frame) -> None:
+        if self.signal is not None:  # the second signal: now
+            self.server.handle_exit(number, frame)
+            return
+        self.signal, self.deadline = number, time.monotonic() + self.grace
+        self.state.draining = True
+
+    def over(self) -> bool:
+        """Whether the drain has ended (checked between engine steps): then the HTTP server is told to close."""
+        if self.signal is None or self.server.should_exit:
+            return False
+        if self.state.in_flight and time.monotonic() < self.deadline:
+            return False
+        self.service.cancel_all()  # past the grace: streams still open end now
+        self.server.handle_exit(self.signal, None)
+        return False  # the HTTP thread ends once uvicorn has closed: step_until sees it
 
 
 def step_until(service: ModelService, done) -> None:

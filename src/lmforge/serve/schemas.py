@@ -1,5 +1,10 @@
 """The request bodies of the OpenAI-shaped API, checked field by field (a bad one is a 400 naming the field).
 
+Types are strict, as OpenAI's are: ``"max_tokens": "4"`` or ``true`` is refused, not read as 4 or 1 (a number
+is accepted where a float is asked). Text fields refuse lone UTF-16 surrogates (``"\\ud800"``), which JSON can
+spell but no UTF-8 text holds. Message content is a string or OpenAI's list of content parts, of which lmforge
+reads the text parts (joined by a line break); an image or audio part is refused, naming it.
+
 Fields the OpenAI API knows and lmforge does not implement are accepted only at their neutral value
 (``presence_penalty: 0``, ``n: 1``, ``echo: false``); a field the OpenAI API would reject is rejected here too
 (``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``.
@@ -7,28 +12,42 @@ Fields the OpenAI API knows and lmforge does not implement are accepted only at 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes
 
 
-class Sampling(BaseModel):
+def no_surrogates(text: str) -> str:
+    """Text that UTF-8 can hold: a lone surrogate (JSON's ``"\\ud800"``) is refused."""
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        raise ValueError("holds a lone UTF-16 surrogate (not valid Unicode text)")
+    return text
+
+
+Text = Annotated[str, AfterValidator(no_surrogates)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Sampling(Strict):
     """What a completion and a chat completion share."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
     repetition_penalty: float = Field(1.0, gt=0)
-    stop: str | list[str] | None = Field(None, validate_default=True)  # always a list once checked
-    seed: int | None = None
+    stop: Text | list[Text] | None = Field(None, validate_default=True)  # always a list once checked
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     n: Literal[1] = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    user: str | None = None
+    user: Text | None = None
     presence_penalty: Literal[0, 0.0] = 0
     frequency_penalty: Literal[0, 0.0] = 0
 
@@ -44,23 +63,46 @@ class Sampling(BaseModel):
         return bool((self.stream_options or {}).get("include_usage"))
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TextPart(Strict):
+    """One of OpenAI's content parts; lmforge's models read text."""
 
+    type: Literal["text"]
+    text: Text
+
+
+class Message(Strict):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
-    name: str | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def text_parts_only(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in (None, "text"):
+                    raise ValueError(f"part {i} is of type {kind!r}: this server's models read text parts only")
+        return value
+
+    def plain(self) -> dict[str, Any]:
+        """The message as chat templates take it: content as one string."""
+        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
+        return {"role": self.role, "content": content} | ({"name": self.name} if self.name is not None else {})
 
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
+    def conversation(self) -> list[dict[str, Any]]:
+        return [m.plain() for m in self.messages]
+
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
     echo: Literal[False] = False
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(None, ge=1)  # None: the server's --max-tokens
 
     @field_validator("prompt")
     @classmethod
@@ -74,31 +116,29 @@ class CompletionRequest(Sampling):
         return value
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    input: str | list[str] = Field(min_length=1)
-    model: str | None = None
+class EmbeddingRequest(Strict):
+    input: Text | list[Text] = Field(min_length=1)
+    model: Text | None = None
     encoding_format: Literal["float"] = "float"
-    user: str | None = None
+    user: Text | None = None
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
-class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    input: str | list[str] = Field(min_length=1)
-    model: str | None = None
+class ClassifyRequest(Strict):
+    input: Text | list[Text] = Field(min_length=1)
+    model: Text | None = None
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
-class AttentionRequest(BaseModel):
+class AttentionRequest(Strict):
     """The chat page's "attention" button: the conversation and the answer to look inside."""
 
-    model_config = ConfigDict(extra="forbid")
-
     messages: list[Message] = Field(min_length=1)
+    model: Text | None = None
+
+    def conversation(self) -> list[dict[str, Any]]:
+        return [m.plain() for m in self.messages]

@@ -83,18 +83,19 @@ def _stack(per_layer: tuple[torch.Tensor, ...]) -> np.ndarray:
 
 
 def attention_maps(model: nn.Module, tokenizer: Any, text: str, target: str | None = None,
-                   max_new_tokens: int = 16) -> AttentionMaps:
+                   max_new_tokens: int = 16, ids: list[int] | None = None) -> AttentionMaps:
     """Attention weights of ``model`` on ``text``, every layer and head, through the explicit attention path.
 
     For an encoder-decoder, ``target`` is what the decoder reads (after its start token); without it the
-    model writes its own greedy continuation of up to ``max_new_tokens`` tokens first.
+    model writes its own greedy continuation of up to ``max_new_tokens`` tokens first. ``ids``: the text's
+    tokens when the caller has them (a chat template's rendering), instead of tokenizing ``text``.
     """
     from lmforge.models import Decoder, Seq2Seq
 
     core = backbone(model).eval()
     config = core.config
     device = device_of(core)
-    ids = source_ids(tokenizer, text, config.max_positions)
+    ids = source_ids(tokenizer, text, config.max_positions) if ids is None else ids[: config.max_positions]
     x = torch.tensor([ids], device=device)  # (1, T)
     labels = token_labels(tokenizer, ids)
     name = type(core).__name__

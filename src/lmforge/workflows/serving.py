@@ -7,17 +7,21 @@
 The decoding engine (generation/engine.py) steps in a thread of its own (``EngineThread``), or in the caller's
 (``EngineThread.run``: ``lmforge serve`` steps it on the main thread and runs the HTTP server beside it): the HTTP
 layer only submits requests and receives tokens through callbacks, never running the model on its event loop.
-Encoders and classifiers answer in a worker thread of the caller's choosing. ``Metrics`` counts what ``/metrics``
-shows.
+Encoders and classifiers answer in a worker thread of the caller's choosing.
+
+Work a request asks for is bounded before it starts, cheapest check first: the body's bytes (the HTTP layer),
+then its characters (a token holds at most ``longest_token`` characters, so a text of more than context x that
+many characters cannot fit and is refused unread), then its tokens (the context). The attention page is bounded
+by the context, ``--attention-tokens`` and a budget of weights, and runs one at a time (``Busy`` beyond).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,11 @@ from lmforge.generation.engine import Engine, Generation, Request
 from lmforge.workflows.options import Runtime, ServeOptions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ATTENTION_WEIGHTS = 4_000_000  # layers x heads x tokens² numbers an attention page holds at most (~12 MB of JSON)
+
+
+class Busy(LmforgeError):
+    """The model is taken by a request of the same kind and no more may wait (the HTTP answer: 429)."""
 
 
 class EngineThread:
@@ -75,64 +84,6 @@ class EngineThread:
             self.thread.join(timeout)
 
 
-@dataclass
-class Metrics:
-    """Counters for Prometheus' text format (``/metrics``)."""
-
-    requests: Counter = field(default_factory=Counter)  # (endpoint, status) -> count
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_sum: float = 0.0
-    ttft_count: int = 0
-    ttft_buckets: Counter = field(default_factory=Counter)  # upper bound (s) -> count
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
-
-    def first_token(self, seconds: float) -> None:
-        with self.lock:
-            self.ttft_sum += seconds
-            self.ttft_count += 1
-            for bound in self.BOUNDS:
-                if seconds <= bound:
-                    self.ttft_buckets[bound] += 1
-
-    def text(self, queue: int, busy: int, slots: int, prefix: tuple[int, int] = (0, 0),
-             steps: tuple[int, float] = (0, 0.0)) -> str:
-        """The counters; ``prefix``: prompt tokens taken from the prefix cache and computed (its hits and misses);
-        ``steps``: the engine's steps and the seconds they took (busy / wall time: how loaded it is)."""
-        lines = ["# HELP lmforge_requests_total HTTP requests by endpoint and status code",
-                 "# TYPE lmforge_requests_total counter"]
-        lines += [f'lmforge_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in
-                  sorted(self.requests.items())]
-        lines += ["# TYPE lmforge_prompt_tokens_total counter", f"lmforge_prompt_tokens_total {self.prompt_tokens}",
-                  "# TYPE lmforge_completion_tokens_total counter",
-                  f"lmforge_completion_tokens_total {self.completion_tokens}",
-                  "# TYPE lmforge_queue_length gauge", f"lmforge_queue_length {queue}",
-                  "# TYPE lmforge_slots_in_use gauge", f"lmforge_slots_in_use {busy}",
-                  "# TYPE lmforge_slots gauge", f"lmforge_slots {slots}",
-                  "# HELP lmforge_prefix_cached_tokens_total prompt tokens whose keys and values came from the cache",
-                  "# TYPE lmforge_prefix_cached_tokens_total counter",
-                  f"lmforge_prefix_cached_tokens_total {prefix[0]}",
-                  "# TYPE lmforge_prefix_computed_tokens_total counter",
-                  f"lmforge_prefix_computed_tokens_total {prefix[1]}",
-                  "# HELP lmforge_engine_steps_total engine steps (admissions, prefills and one decoded token a slot)",
-                  "# TYPE lmforge_engine_steps_total counter", f"lmforge_engine_steps_total {steps[0]}",
-                  "# HELP lmforge_engine_busy_seconds_total seconds the engine spent stepping",
-                  "# TYPE lmforge_engine_busy_seconds_total counter",
-                  f"lmforge_engine_busy_seconds_total {steps[1]:.6f}",
-                  "# HELP lmforge_time_to_first_token_seconds from a request's arrival to its first token",
-                  "# TYPE lmforge_time_to_first_token_seconds histogram"]
-        cumulative = 0
-        for bound in self.BOUNDS:
-            cumulative = self.ttft_buckets[bound]
-            lines.append(f'lmforge_time_to_first_token_seconds_bucket{{le="{bound}"}} {cumulative}')
-        lines += [f'lmforge_time_to_first_token_seconds_bucket{{le="+Inf"}} {self.ttft_count}',
-                  f"lmforge_time_to_first_token_seconds_sum {self.ttft_sum:.6f}",
-                  f"lmforge_time_to_first_token_seconds_count {self.ttft_count}"]
-        return "\n".join(lines) + "\n"
-
-
 class ModelService:
     """One model directory behind the HTTP API: its capabilities, the engine thread, the limits, the metrics."""
 
@@ -142,7 +93,6 @@ class ModelService:
 
         self.model, self.tokenizer, self.name, self.options = model, tokenizer, name, options
         self.chat_format, self.info = chat_format, info or {}
-        self.metrics = Metrics()
         self.created = int(time.time())
         self.generates = generates_text(model) and "Classification" not in type(model).__name__
         self.context = getattr(model.config, "max_positions", 0)
@@ -176,8 +126,8 @@ class ModelService:
         if tokenizer is None:
             raise LmforgeError(f"--model: {folder} has no tokenizer; the server reads and writes text")
         model = model.to(DTYPES[options.dtype]).eval()
-        return cls(model, tokenizer, folder.resolve().name, options, chat_format(folder, tokenizer, model), info,
-                   engine_thread)
+        name = folder.resolve().stem if folder.is_file() else folder.resolve().name  # a GGUF file: without .gguf
+        return cls(model, tokenizer, name, options, chat_format(folder, tokenizer, model), info, engine_thread)
 
     # -- capabilities ---------------------------------------------------------------------------------------
     def can(self, endpoint: str) -> str | None:
@@ -215,12 +165,37 @@ class ModelService:
         return (self.engine.steps, self.engine.busy) if self.engine else (0, 0.0)
 
     # -- the work -------------------------------------------------------------------------------------------
-    def prompt_ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The most characters one token stands for (its stored form is at least as long as the text it makes)."""
+        return max((len(t) for t, i in self.tokenizer.vocab.items() if i not in self.tokenizer.special_ids),
+                   default=1)
+
+    def check_characters(self, n: int, field: str) -> None:
+        """Refuse, before any tokenizing, a text of ``n`` characters that cannot fit the context in any tokenization."""
+        if n > self.context * self.longest_token:
+            raise LmforgeError(f"{field}: {n} characters are more than {self.context} tokens in any tokenization "
+                               f"(the model's context; a token holds at most {self.longest_token} characters)")
+
+    def check_room(self, n: int, field: str) -> None:
+        """A prompt of ``n`` tokens must leave room for at least one new token."""
+        if n >= self.context:
+            raise LmforgeError(f"{field}: the prompt is {n} tokens, the context {self.context} (prompt and reply "
+                               "together): shorten it")
+
+    def prompt_ids(self, text: str, field: str = "prompt") -> list[int]:
+        """A completion's prompt: plain text (a special token's name written in it is text, not a control token)."""
+        self.check_characters(len(text), field)
+        ids = self.tokenizer.encode(text, add_special_tokens=False, allow_special=False).ids
+        self.check_room(len(ids), field)
+        return ids
 
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The conversation through the model's own chat template, ready for the assistant's reply."""
-        return self.chat_format.prompt_ids(messages)
+        self.check_characters(sum(len(m["content"]) for m in messages), "messages")
+        ids = self.chat_format.prompt_ids(messages)
+        self.check_room(len(ids), "messages")
+        return ids
 
     def stop_ids(self, chat: bool) -> list[int]:
         eos = getattr(self.model.config, "eos_id", None)
@@ -233,32 +208,66 @@ class ModelService:
         """Queue a generation on the engine thread (any thread; tokens arrive through the request's callbacks)."""
         if self.engine is None:
             raise LmforgeError("this model does not generate text")
-        self.metrics.prompt_tokens += len(request.ids)
         return self.engine.submit(request)
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
-        """The mean-pooled last hidden state of each text: what ``lmforge embed`` gives."""
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """The mean-pooled last hidden state of each text (what ``lmforge embed`` gives), and the tokens read. A text
+        is read up to the context, so characters beyond the context's worth are never tokenized."""
         from lmforge.workflows.embed import embed
 
+        texts = self.within_context(texts)
         with self.model_lock:
-            return embed(self.model, self.tokenizer, texts).tolist()
+            vectors = embed(self.model, self.tokenizer, texts).tolist()
+        tokens = sum(min(len(self.tokenizer.encode(t).ids), self.context) for t in texts)
+        return vectors, tokens
 
     def classify(self, texts: list[str]) -> list[dict[str, Any]]:
-        """Label and probabilities of each text: what ``lmforge predict`` gives."""
+        """Label and probabilities of each text: what ``lmforge predict`` gives (a text that cannot fit the context
+        in any tokenization is refused: a word-labelling model labels every word it is given)."""
         from lmforge.workflows.classify import predict_lines
 
+        for i, text in enumerate(texts):
+            self.check_characters(len(text), f"input[{i}]")
         with self.model_lock:
             return predict_lines(self.model, self.tokenizer, self.info, texts)
 
+    def within_context(self, texts: list[str]) -> list[str]:
+        """Each text cut to the characters that can reach the model (an encoder reads its first ``context``
+        tokens, which lie in its first ``context`` x ``longest_token`` characters): the same result, bounded work."""
+        most = self.context * self.longest_token
+        return [t[:most] for t in texts]
+
+    def attention_tokens(self) -> int:
+        """The most tokens an attention page shows: the context, ``--attention-tokens`` and ATTENTION_WEIGHTS."""
+        heads = sum(m.n_heads for m in self.model.modules() if hasattr(m, "n_heads") and hasattr(m, "d_qk"))
+        return max(1, min(self.context, self.options.attention_tokens, math.isqrt(ATTENTION_WEIGHTS // max(heads, 1))))
+
     def attention_page(self, messages: list[dict[str, Any]]) -> str:
-        """The attention explorer (one self-contained HTML page) of a rendered conversation."""
+        """The attention explorer (one self-contained HTML page) of a rendered conversation's last
+        ``attention_tokens()`` tokens; one page at a time (``Busy`` while another is made)."""
         from lmforge.viz.explorer import attention_page
         from lmforge.workflows.inspect import attention_maps
 
-        text = self.chat_format.render(messages, add_generation_prompt=False)
-        with self.model_lock:
-            maps = attention_maps(self.model, self.tokenizer, text)
-        return attention_page(maps, model_name=self.name)
+        self.check_characters(sum(len(m["content"]) for m in messages), "messages")
+        ids = self.chat_format.encode(self.chat_format.render(messages, add_generation_prompt=False))
+        keep = self.attention_tokens()
+        if not self.model_lock.acquire(blocking=False):
+            raise Busy("an attention page is being made; retry shortly")
+        try:
+            maps = attention_maps(self.model, self.tokenizer, self.tokenizer.decode(ids[-keep:]), ids=ids[-keep:])
+        finally:
+            self.model_lock.release()
+        shown = f" (its last {keep} of {len(ids)} tokens)" if len(ids) > keep else ""
+        return attention_page(maps, model_name=self.name + shown)
+
+    def cancel_all(self) -> None:
+        """Cancel every request waiting or decoding (a drain past its grace); each ends at the engine's next step."""
+        if self.engine is not None:
+            e = self.engine.engine
+            with e.lock:
+                held = [*e.waiting, *(s.generation for s in e.slots if s is not None)]
+            for generation in held:
+                generation.cancel()
 
     def close(self) -> None:
         if self.engine is not None:

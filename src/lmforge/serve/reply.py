@@ -1,0 +1,112 @@
+"""One request's tokens turned into the OpenAI shapes: the whole reply, or server-sent events as they come.
+
+Tokens arrive from the engine's thread through the request's callbacks into an asyncio queue. A client that goes
+away cancels its request, whichever way it asked: a stream's generator is closed by the server, and a whole
+reply is watched by a task that waits for the connection's end (``watch``), so the slot is freed at the engine's
+next step instead of decoding to ``max_tokens`` for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from lmforge.generation.text import Detokenizer
+from lmforge.serve.errors import HTTPError
+
+
+class Reply:
+    """The answer to one completion or chat completion (``state``: the server's ``Served``)."""
+
+    def __init__(self, state: Any, generation: Any, text: Detokenizer, chat: bool, arrived: float) -> None:
+        self.state, self.generation, self.text, self.chat, self.arrived = state, generation, text, chat, arrived
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.first = True
+
+    def token(self, value: int) -> str:
+        if self.first:
+            self.state.metrics.first_token(time.perf_counter() - self.arrived)
+            self.first = False
+        self.state.metrics.completion_tokens += 1
+        return self.text.add(value)
+
+    def reason(self) -> str:
+        return "length" if self.generation.finish_reason == "length" else "stop"
+
+    def usage(self) -> dict[str, int]:
+        prompt, completion = len(self.generation.request.ids), len(self.generation.tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def whole(self, queue: asyncio.Queue, receive: Any) -> dict[str, Any] | None:
+        """The reply once it has ended; None when the client went away first (its request is cancelled)."""
+        watcher = asyncio.create_task(watch(receive, queue))
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "gone":
+                    return None
+                if kind == "end":
+                    break
+                self.token(value)
+        finally:
+            watcher.cancel()
+            self.generation.cancel()  # no-op once it has ended; frees the slot if the client went away
+        if self.generation.finish_reason == "error":
+            raise HTTPError(500, f"the model failed on this request: {self.generation.error}")
+        content = self.text.text
+        choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat else
+                  {"index": 0, "text": content})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.state.service.name, "usage": self.usage(),
+                "choices": [{**choice, "finish_reason": self.reason(), "logprobs": None}]}
+
+    def chunk(self, content: str | None, reason: str | None = None, role: bool = False) -> str:
+        if self.chat:
+            delta = ({"role": "assistant"} if role else {}) | ({"content": content} if content is not None else {})
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": content or ""}
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.state.service.name,
+                "choices": [{**choice, "finish_reason": reason, "logprobs": None}]}
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def events(self, queue: asyncio.Queue, include_usage: bool):
+        try:
+            if self.chat:
+                yield self.chunk("", role=True)
+            while True:
+                kind, value = await queue.get()
+                if kind == "token":
+                    new = self.token(value)
+                    if new:
+                        yield self.chunk(new)
+                    continue
+                if self.generation.finish_reason == "error":
+                    message = f"the model failed on this request: {self.generation.error}"
+                    yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+                    return
+                rest = self.text.finish()
+                if rest:
+                    yield self.chunk(rest)
+                yield self.chunk(None, self.reason())
+                if include_usage:
+                    usage = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                             "created": self.created, "model": self.state.service.name, "choices": [],
+                             "usage": self.usage()}
+                    yield f"data: {json.dumps(usage)}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            self.generation.cancel()  # a client that went away: its slot is freed at the engine's next step
+
+
+async def watch(receive: Any, queue: asyncio.Queue) -> None:
+    """Wait for the connection's end (the body was read already: what comes next is the disconnect), then say so."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    queue.put_nowait(("gone", None))
