@@ -11,6 +11,10 @@ over the target (``os.replace`` is atomic within one file system). A failure rem
     ...     _ = tmp.write_bytes(b"xyz")
     >>> (d / "b.bin").read_bytes(), sorted(p.name for p in d.iterdir())
     (b'xyz', ['a.txt', 'b.bin'])
+
+Every writer also says what it is about to write (``will_write``; ``atomic_path`` does it for its callers),
+what it renames (``move``) and what it deletes (``remove_tree``): a claimed output (``lmforge.outputs``)
+listens, so its record lists exactly the files its run wrote, never a file that was already there.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import contextlib
 import csv
 import errno
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
@@ -31,13 +37,65 @@ UMASK = os.umask(0o22)
 os.umask(UMASK)  # read once: the mode a plain open(path, "w") would give
 
 
+# -- what the writers announce: (event, paths) to each listener; lmforge.outputs keeps its run's files from it
+Listener = Callable[[str, tuple[Path, ...]], None]
+_LISTENERS: list[Listener] = []
+
+
+@contextlib.contextmanager
+def listening(listener: Listener) -> Iterator[None]:
+    """Call ``listener(event, paths)`` for every ``will_write`` ("write"), ``move`` and ``remove_tree`` ("remove")
+    of this process while the block runs."""
+    _LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _LISTENERS.remove(listener)
+
+
+def _tell(event: str, *paths: str | os.PathLike) -> None:
+    for listener in list(_LISTENERS):
+        listener(event, tuple(Path(p) for p in paths))
+
+
+def will_write(*paths: str | os.PathLike) -> None:
+    """Say that these files are about to be written (before the first byte, so a crash leaves none unlisted)."""
+    if _LISTENERS:
+        _tell("write", *paths)
+
+
+def move(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """``os.replace(source, target)`` (a file or a folder), told to the listeners: what was written as
+    ``source`` is now ``target``."""
+    os.replace(source, target)
+    _tell("move", source, target)
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Delete a folder this process wrote (errors ignored: what is gone is gone), told to the listeners."""
+    shutil.rmtree(path, ignore_errors=True)
+    _tell("remove", path)
+
+
+TEMP_NAME = re.compile(r"\.(?P<stem>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>.*)")  # mkstemp's 8 random characters
+
+
+def temp_target(name: str) -> str | None:
+    """The file a temporary name of ``atomic_path`` was to become: ``.model.k3j_x9a2.tmp.safetensors`` ->
+    ``model.safetensors``; None for any other name."""
+    match = TEMP_NAME.fullmatch(name)
+    return match and match["stem"] + match["suffix"]
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; on success it is fsynced and renamed over ``path``.
 
-    The temporary name keeps ``path``'s suffix, so writers that choose a format by suffix still do.
+    The temporary name keeps ``path``'s suffix, so writers that choose a format by suffix still do; its
+    pattern (``.{stem}.XXXXXXXX.tmp{suffix}``) is ``TEMP_NAME``: a crash's leftover is known by it.
     """
     path = Path(path)
+    will_write(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
     os.close(fd)
@@ -54,6 +112,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             raise LmforgeError(f"{path}: no space left on the device; nothing was written there (a previous "
                                f"{path.name}, if any, is intact): free some space and run the command again") from None
         raise
+
+
+def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Copy a file's bytes to ``target`` atomically."""
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def disk_full(err: BaseException) -> bool:

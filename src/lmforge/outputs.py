@@ -1,45 +1,57 @@
-"""Outputs never overwrite what they should not: inputs, or a different artefact, silently.
+"""Outputs claim only what they wrote: a user's file in ``--out`` is never taken, replaced or deleted.
 
-Every command that writes a directory calls ``claim_output`` first, and ``record_output`` once the
-output is complete. ``record_output`` leaves ``lmforge-output.json``: what the directory holds (its
-``kind``: tokenizer, model, corpus, finetune), the settings that define it (``identity``), and the files
-written. A later command writing there is then:
+Every command that writes claims its output before any work, in one of two ways.
 
-* refused, always, when the output is (or is inside) one of its input directories: ``finetune --out``
-  equal to ``--model`` would overwrite the pretrained weights it reads;
-* accepted when the directory is empty, or holds the same kind with the same identity (a rerun, a resume);
-* refused when it holds a different artefact (another tokenizer, a model where a corpus goes, a LoRA
-  output where a full fine-tune goes, or lmforge files with no record), naming what differs, unless
-  ``overwrite=True`` (``--overwrite``): then the recorded files of the old artefact are removed first,
-  so two kinds of weights never end up side by side.
+A folder (``claim_output``): it must be new, empty, or hold nothing but an earlier lmforge output, that is
+the files listed in its record ``lmforge-output.json`` (and lmforge's run lock). A file or folder no record
+lists is a user's: the folder is refused, with or without ``--overwrite``, naming what is there. Refusing
+rather than working beside such files is the only safe choice: a run writes names of its own choosing
+(``config.json``, ``train.jsonl``, ``log.jsonl``) and would replace a user's file that has one of them.
+Then, against the record:
+
+* the same kind and identity (the settings that define the output): a rerun or a resume, accepted;
+* another kind or identity: refused naming what differs, unless ``overwrite`` (``--overwrite``); then the
+  files the old record lists are removed, and nothing else: never a path outside the folder, never through a
+  link, never a file the record does not list;
+* an output equal to or inside one of the command's inputs is refused, always.
+
+Used as ``with``, the claim locks the folder (``lmforge.lock.RunLock``), writes the record at once (not
+complete yet: an interrupted run's files are listed too, so it resumes), and adds every file the run writes
+as the writers announce it (``lmforge.files.will_write``, which every atomic write, checkpoint and log calls):
+the list is what the run wrote, never a listing of the folder. On success the record is marked complete.
+
+A single file (``claim_file``: a GGUF, an .npy, a picture): an existing path is refused unless ``overwrite``.
+A file carries no record beside it, so lmforge cannot tell its own earlier output from a user's file of the
+same name; with ``overwrite`` the new file replaces it atomically once it is complete.
 
     >>> import tempfile; d = Path(tempfile.mkdtemp()) / "tok"
-    >>> claim_output(d, "tokenizer", {"vocab_size": 100}); record_output(d, "tokenizer", {"vocab_size": 100}, [])
-    False
-    >>> claim_output(d, "tokenizer", {"vocab_size": 100})          # the same output again: fine
-    False
+    >>> with claim_output(d, "tokenizer", {"vocab_size": 100}):
+    ...     write_text_atomic(d / "tokenizer.json", "{}")
+    >>> read_record(d)["files"]
+    ['tokenizer.json']
+    >>> _ = (d / "notes.md").write_text("mine")        # a user's file beside the output
     >>> try:
-    ...     claim_output(d, "tokenizer", {"vocab_size": 200})
+    ...     claim_output(d, "tokenizer", {"vocab_size": 100}, overwrite=True)
     ... except LmforgeError as err:
     ...     print(str(err).split(": ", 1)[1])
-    holds another tokenizer (vocab_size: 100, not 200); choose another --out or pass --overwrite
+    holds 1 file that lmforge did not write (notes.md); --overwrite never removes them: choose an empty or new --out
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import listening, temp_target, write_text_atomic
+from lmforge.lock import LOCK_NAME, RunLock
 
 RECORD_NAME = "lmforge-output.json"
-# Files that say a directory already holds an artefact, even without a record (older lmforge, other tools).
-ARTEFACT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "adapter.safetensors",
-                  "adapter_config.json", "tokenizer.json", "vocab.txt", "manifest.json", "train.tokens.npy")
+RECORD_FORMAT = "lmforge-output/2"  # older records listed every file of the folder: not trusted
 
 
 def check_not_inside(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None]) -> None:
@@ -56,61 +68,217 @@ def check_not_inside(out: str | os.PathLike, inputs: Iterable[str | os.PathLike 
 
 
 def read_record(out: str | os.PathLike) -> dict[str, Any] | None:
+    """The folder's record, or None (no record, or one of an older lmforge whose list cannot be trusted)."""
     path = Path(out) / RECORD_NAME
-    if not path.is_file():
+    if not path.is_file() or path.is_symlink():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise LmforgeError(f"{path}: unreadable ({err})") from None
+        raise LmforgeError(f"{path}: unreadable ({err}); choose another --out") from None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        return None
+    if not isinstance(record.get("files"), list) or not all(isinstance(f, str) for f in record["files"]):
+        raise LmforgeError(f"{path}: not an lmforge record (its files are not a list of names); choose another "
+                           "--out")
+    return record
+
+
+class Output:
+    """A claimed output folder; see the module docstring. Made by ``claim_output``."""
+
+    def __init__(self, folder: Path, kind: str, identity: dict[str, Any], overwrite: bool, flag: str | None):
+        self.folder, self.kind, self.identity, self.overwrite, self.flag = folder, kind, identity, overwrite, flag
+        self.files: set[str] = set()
+        self._mutex = threading.RLock()
+        self._lock: RunLock | None = None
+        self._listening: Any = None
+        self.check()  # read only: a refusal comes before any work and changes nothing
+
+    def check(self) -> tuple[list[Path], set[str], bool]:
+        """(the old output's files, the names to keep listing, whether the old output is to be removed);
+        raises when the folder is not this command's to write."""
+        folder = self.folder
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise LmforgeError(f"{folder}: is a file, not a directory; choose a directory for --out")
+        if not folder.is_dir():
+            return [], set(), False
+        record = read_record(folder)
+        ours, foreign = survey(folder, set(record["files"]) if record else set())
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+            noun = "file or folder" if any(f.endswith("/") for f in foreign) else "file"
+            noun = noun.replace("file", "files").replace("folder", "folders") if len(foreign) > 1 else noun
+            older = (f" (its {RECORD_NAME} is an older lmforge's, which listed every file in the folder)"
+                     if record is None and (folder / RECORD_NAME).is_file() else "")
+            raise LmforgeError(f"{folder}: holds {len(foreign)} {noun} that lmforge did not write ({shown}){older}; "
+                               "--overwrite never removes them: choose an empty or new --out")
+        listed = {p.relative_to(folder).as_posix() for p in ours if temp_target(p.name) is None}
+        if record is None or (record.get("kind") == self.kind and record.get("identity") == self.identity):
+            return ours, listed, False
+        if not listed:  # an output that failed before writing a file: nothing to lose
+            return ours, set(), True
+        if record.get("kind") != self.kind:
+            reason = f"holds a {record.get('kind')}, not a {self.kind}"
+        else:
+            old = record.get("identity") or {}
+            key = next(k for k in sorted(set(old) | set(self.identity), key=str)
+                       if old.get(k) != self.identity.get(k))
+            reason = f"holds another {self.kind} ({key}: {old.get(key)}, not {self.identity.get(key)})"
+        if not self.overwrite:
+            raise LmforgeError(f"{folder}: {reason}; choose another --out" +
+                               (f" or pass {self.flag} (it removes only the files that output's {RECORD_NAME} "
+                                "lists)" if self.flag else ""))
+        return ours, set(), True
+
+    def __enter__(self) -> Output:
+        self._lock = RunLock(self.folder).acquire()
+        self.root = self.folder.resolve()
+        try:
+            ours, listed, replace = self.check()  # again, under the lock: another run may have been quicker
+            if replace:
+                remove(self.folder, ours)
+            self.files = listed
+            self.save(complete=False)
+            self._listening = listening(self.heard)
+            self._listening.__enter__()
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
+        try:
+            self._listening.__exit__(None, None, None)
+            if kind is None:
+                self.save(complete=True)
+        finally:
+            self._lock.release()
+
+    def save(self, complete: bool) -> None:
+        """Write the record: kind, identity, whether the output is complete, and the files written so far."""
+        with self._mutex:
+            self.complete = complete
+            data = {"format": RECORD_FORMAT, "kind": self.kind, "identity": self.identity, "complete": complete,
+                    "files": sorted(self.files)}
+            write_text_atomic(self.folder / RECORD_NAME, json.dumps(data, indent=1) + "\n")
+
+    def heard(self, event: str, paths: tuple[Path, ...]) -> None:
+        """A writer's announcement (``lmforge.files``): add, rename or drop the files it names inside the folder."""
+        names = [self.relative(p) for p in paths]
+        with self._mutex:
+            before = set(self.files)
+            if event == "write":
+                self.files.update(n for n in names if n is not None and n != RECORD_NAME)
+            elif names[0] is not None:  # "move" (source, target) or "remove" (path): a file or a folder
+                moved = {f for f in self.files if f == names[0] or f.startswith(names[0] + "/")}
+                self.files -= moved
+                if event == "move" and names[1] is not None:
+                    self.files |= {names[1] + f[len(names[0]):] for f in moved}
+            if self.files != before:
+                self.save(self.complete)
+
+    def relative(self, path: Path) -> str | None:
+        """``path`` relative to the folder (its parent resolved, the name itself not followed), or None outside."""
+        try:
+            return (Path(path).absolute().parent.resolve() / Path(path).name).relative_to(self.root).as_posix()
+        except ValueError:
+            return None
 
 
 def claim_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | None = None,
                  overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = (),
-                 flag: str | None = "--overwrite") -> bool:
-    """Check that ``out`` may receive a ``kind`` artefact defined by ``identity`` (see the module docstring).
+                 flag: str | None = "--overwrite") -> Output:
+    """Claim the folder ``out`` for a ``kind`` output defined by ``identity`` (see the module docstring).
 
-    flag: the option that allows overwriting, named in the refusal (None: the command has none).
-    Returns True when an old artefact was removed (``overwrite``), False when there was nothing to replace.
+    Refuses at once (nothing written) when ``out`` is not this command's to write; use the result as ``with``
+    around the work. flag: the option that allows replacing another output, named in the refusal (None: the
+    command has none).
     """
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise LmforgeError(f"{folder}: is a file, not a directory; choose a directory for --out")
-    check_not_inside(folder, inputs)
-    if not folder.is_dir():
+    check_not_inside(out, inputs)
+    return Output(Path(out), kind, _plain(identity or {}), overwrite, flag)
+
+
+def claim_file(path: str | os.PathLike, overwrite: bool = False, inputs: Iterable[str | os.PathLike | None] = (),
+               flag: str = "--overwrite", what: str = "--out") -> Path:
+    """Claim a single-file output: refused when ``path`` is a folder or one of the command's inputs, and when
+    it exists unless ``overwrite`` (a file has no record: lmforge cannot tell its own from a user's)."""
+    path = Path(path)
+    if path.is_dir():
+        raise LmforgeError(f"{what}: {path} is a directory; give a file name")
+    for given in inputs:
+        if given is not None and path.exists() and Path(given).exists() and path.samefile(given):
+            raise LmforgeError(f"{what}: {path} is an input of this command; choose another file name")
+    if os.path.lexists(path) and not overwrite:
+        raise LmforgeError(f"{what}: {path} already exists, and lmforge cannot tell its own earlier output from "
+                           f"a file of yours: choose another name, or pass {flag} to replace it")
+    return path
+
+
+def survey(folder: Path, recorded: set[str]) -> tuple[list[Path], list[str]]:
+    """(the regular files under ``folder`` that ``recorded`` lists, with the temporary files of their atomic
+    writes; the paths of everything else, relative, folders ending in /).
+
+    Only folders that hold recorded files are entered, and no link is followed (a link is always foreign).
+    A folder that holds no file at all, and lmforge's lock files (a process id), count as nothing.
+    """
+    prefixes = {"/".join(parts[:n]) for parts in (f.split("/") for f in recorded) for n in range(1, len(parts))}
+    ours: list[Path] = []
+    foreign: list[str] = []
+
+    def walk(directory: Path, rel: str) -> None:
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            name = rel + entry.name
+            target = temp_target(entry.name)
+            if (not rel and entry.name == RECORD_NAME) or _is_lock(entry):
+                continue
+            if entry.is_symlink():
+                foreign.append(name)
+            elif entry.is_dir(follow_symlinks=False):
+                if name in prefixes:
+                    walk(Path(entry.path), name + "/")
+                elif _holds_files(Path(entry.path)):
+                    foreign.append(name + "/")
+            elif entry.is_file(follow_symlinks=False) and (
+                    name in recorded or (target is not None and (rel + target in recorded or target == RECORD_NAME))):
+                ours.append(Path(entry.path))
+            else:
+                foreign.append(name)
+
+    walk(folder, "")
+    return ours, foreign
+
+
+def remove(folder: Path, files: list[Path]) -> None:
+    """Delete ``files`` (what ``survey`` found ours), then the folders under ``folder`` they leave empty."""
+    for path in files:
+        path.unlink(missing_ok=True)
+    for parent in sorted({p.parent for p in files}, key=lambda p: len(p.parts), reverse=True):
+        while parent != folder and folder in parent.parents:
+            try:
+                parent.rmdir()  # only an empty one; a folder still holding anything stays
+            except OSError:
+                break
+            parent = parent.parent
+
+
+def _is_lock(entry: os.DirEntry) -> bool:
+    """lmforge's run lock (``.lock`` holding a process id, or nothing): kept by the kernel, not by the record."""
+    if entry.name != LOCK_NAME or not entry.is_file(follow_symlinks=False) or entry.stat().st_size > 32:
         return False
-    record = read_record(folder)
-    identity = _plain(identity or {})
-    if record is not None:
-        if record.get("kind") == kind and record.get("identity") == identity:
-            return False
-        if record.get("kind") != kind:
-            reason = f"holds a {record.get('kind')}, not a {kind}"
-        else:
-            old = record.get("identity") or {}
-            key = next(k for k in sorted(set(old) | set(identity), key=str) if old.get(k) != identity.get(k))
-            reason = f"holds another {kind} ({key}: {old.get(key)}, not {identity.get(key)})"
-    else:
-        found = [name for name in ARTEFACT_FILES if (folder / name).exists()]
-        if not found:
-            return False
-        reason = f"already holds {found[0]} (an output of another command or an older lmforge)"
-    if not overwrite:
-        raise LmforgeError(f"{folder}: {reason}; choose another --out" + (f" or pass {flag}" if flag else ""))
-    for name in (record or {}).get("files") or [n for n in ARTEFACT_FILES if (folder / n).is_file()]:
-        path = folder / name
-        if path.is_file() and path.resolve().parent == folder.resolve():
-            path.unlink()
-    (folder / RECORD_NAME).unlink(missing_ok=True)
-    return True
+    with open(entry.path, encoding="utf-8", errors="replace") as f:
+        return f.read().strip().isdigit() or entry.stat().st_size == 0
 
 
-def record_output(out: str | os.PathLike, kind: str, identity: dict[str, Any] | None,
-                  files: Iterable[str]) -> None:
-    """Write ``lmforge-output.json``: the directory now holds a complete ``kind`` artefact."""
-    folder = Path(out)
-    data = {"kind": kind, "identity": _plain(identity or {}), "files": sorted(set(files))}
-    write_text_atomic(folder / RECORD_NAME, json.dumps(data, indent=1) + "\n")
+def _holds_files(folder: Path) -> bool:
+    """Whether anything but folders and lmforge's locks (a file, a link) is under ``folder``; no link followed."""
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            if _holds_files(Path(entry.path)):
+                return True
+        elif not _is_lock(entry):
+            return True
+    return False
 
 
 def _plain(value: Any) -> Any:

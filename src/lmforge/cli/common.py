@@ -145,6 +145,12 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings.recipe.resolve(raw)
 
 
+OVERWRITE_HELP = ("replace an earlier lmforge output of another kind or settings in --out: only the files its "
+                  "lmforge-output.json lists are removed; a folder holding files lmforge did not write is refused, "
+                  "with or without this flag")
+FILE_OVERWRITE_HELP = "replace an existing file at --out (without it an existing file is refused before any work)"
+
+
 def add_quiet(p: argparse.ArgumentParser) -> None:
     """``--quiet`` on every command: no progress or logs on standard error (errors still show)."""
     p.add_argument("--quiet", action="store_true", help="no progress or logs on standard error (errors still show)")

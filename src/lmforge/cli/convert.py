@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lmforge.cli.common import Settings, add_quiet, add_settings
+from lmforge.cli.common import OVERWRITE_HELP, Settings, add_quiet, add_settings
 from lmforge.schema import Recipe
 from lmforge.workflows.options import ConvertOptions, Runtime
 
@@ -47,7 +47,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                      "(adapter_config.json, adapter_model.safetensors) + the base as a transformers directory")
     src.add_argument("--merge", metavar="DIR", help="a LoRA output -> one plain model directory (LoRA folded in)")
     p.add_argument("--out", metavar="PATH", required=True, help="output directory (a .gguf file for --to-gguf)")
-    p.add_argument("--overwrite", action="store_true", help="replace a different model (or other output) in --out")
+    p.add_argument("--overwrite", action="store_true", help=f"{OVERWRITE_HELP}; for --to-gguf: replace an existing "
+                   "FILE.gguf (without it an existing file is refused before any work)")
     add_settings(p, SETTINGS)
     add_quiet(p)
     p.set_defaults(handler=run_convert)

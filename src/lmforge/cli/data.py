@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from lmforge.cli.common import Settings, add_quiet, add_settings
+from lmforge.cli.common import OVERWRITE_HELP, Settings, add_quiet, add_settings
 from lmforge.schema import Recipe
 from lmforge.workflows.pretrain_args import CorpusSection
 
@@ -20,7 +20,7 @@ SETTINGS = Settings(Recipe({"corpus": CorpusSection}), flags=("corpus",))
 
 def run_prepare(args: argparse.Namespace) -> int:
     from lmforge.data.corpus import prepare_corpus, tokenizer_fingerprint
-    from lmforge.outputs import claim_output, record_output
+    from lmforge.outputs import claim_output
     from lmforge.tokenizers import load_tokenizer
 
     corpus: CorpusSection = args.settings["corpus"]
@@ -28,14 +28,12 @@ def run_prepare(args: argparse.Namespace) -> int:
     identity = {"tokenizer": tokenizer_fingerprint(tokenizer), "files": [str(Path(f).resolve()) for f in args.files],
                 "val_fraction": corpus.val_fraction, "doc_separator": corpus.doc_separator, "field": corpus.field,
                 "seed": corpus.seed}
-    claim_output(args.out, "corpus", identity, args.overwrite, inputs=[args.tokenizer])
     start = time.perf_counter()
-    manifest = prepare_corpus(args.files, tokenizer, args.out, val_fraction=corpus.val_fraction,
-                              doc_separator=corpus.doc_separator, field=corpus.field, workers=corpus.workers,
-                              seed=corpus.seed, errors=corpus.errors)
+    with claim_output(args.out, "corpus", identity, args.overwrite, inputs=[args.tokenizer]):
+        manifest = prepare_corpus(args.files, tokenizer, args.out, val_fraction=corpus.val_fraction,
+                                  doc_separator=corpus.doc_separator, field=corpus.field, workers=corpus.workers,
+                                  seed=corpus.seed, errors=corpus.errors)
     seconds = time.perf_counter() - start
-    record_output(args.out, "corpus", identity, [p.name for p in Path(args.out).iterdir()
-                                                if p.suffix in (".tokens", ".npy", ".json") and p.is_file()])
     print(f"prepared {manifest['characters']:,} characters in {seconds:.1f} s → {args.out}", file=sys.stderr)
     print(json.dumps({"out": str(args.out), "seconds": round(seconds, 2), **manifest["splits"]}))
     return 0
@@ -50,8 +48,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "save_to_disk folders")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory or tokenizer.json")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace shards of another tokenizer or other files (or other output) in --out")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_settings(p, SETTINGS)
     add_quiet(p)
     p.set_defaults(handler=run_prepare)

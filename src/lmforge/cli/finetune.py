@@ -38,6 +38,7 @@ def run_evaluate(args) -> int:
     from lmforge.data.tasks import read_task
     from lmforge.interop.directories import finetuned_info
     from lmforge.models.interfaces import generates_text
+    from lmforge.outputs import claim_file
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import evaluate_model
 
@@ -45,6 +46,8 @@ def run_evaluate(args) -> int:
     if bool(args.tasks) == bool(args.data):
         raise LmforgeError("evaluate: give --data FILE (a classifier's labels, a language model's text) or "
                            "--tasks FILE.jsonl ... (a chat model's tasks), one of the two")
+    if args.png:
+        claim_file(args.png, args.overwrite, inputs=[args.data], what="--png")  # before the model is loaded
     model, tok = load(args.model, device=device)
     if args.tasks:
         from lmforge.workflows.chat_eval import evaluate_tasks
@@ -126,6 +129,8 @@ def add_commands(sub) -> None:
                    "choices+answer, answer, or reference): one JSON line of scores per file")
     e.add_argument("--fewshot", metavar="FILE", help="with --shots K: conversations to take the K examples from")
     e.add_argument("--png", help="also write the confusion matrix to this PNG")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing file at --png (without it an "
+                   "existing file is refused before any work)")
     add_settings(e, EVALUATE_SETTINGS)
     add_quiet(e)
     e.set_defaults(handler=run_evaluate)

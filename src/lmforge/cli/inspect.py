@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
+from lmforge.cli.common import FILE_OVERWRITE_HELP, Settings, add_quiet, add_settings, input_lines
 from lmforge.errors import LmforgeError
 from lmforge.schema import Recipe
 from lmforge.workflows.options import AttentionOptions, EmbedOptions, Runtime, TextInput
@@ -54,6 +54,7 @@ def _load(args: argparse.Namespace):
 
 # -- lmforge attention ------------------------------------------------------------------------------------
 def run_attention(args: argparse.Namespace) -> int:
+    from lmforge.outputs import claim_file
     from lmforge.viz.attention import plot_attention, plot_rollout
     from lmforge.viz.explorer import write_attention_page
     from lmforge.workflows.inspect import attention_maps, attention_rollout
@@ -68,6 +69,8 @@ def run_attention(args: argparse.Namespace) -> int:
     texts = list(input_lines(args.text, skip_blank=True, errors=args.settings["input"].errors))
     if not texts:
         raise LmforgeError("--text: no text given (argument or standard input)")
+    for n in range(1, len(texts) + 1):  # every file this run writes, before the model is loaded
+        claim_file(_out_for(out, n, len(texts)), args.overwrite)
     model, tokenizer = _load(args)
     name = opts.name or display_name(args.model)
     for n, text in enumerate(texts, 1):
@@ -97,9 +100,15 @@ def run_attention(args: argparse.Namespace) -> int:
 def run_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from lmforge.outputs import claim_file
     from lmforge.workflows.embed import analogy, embed, most_similar, rank_texts, text_analogy
 
     opts: EmbedOptions = args.settings["embed"]
+    writes = args.out is not None and args.similar is None and args.analogy is None and args.query is None
+    if writes and Path(args.out).suffix not in (".npy", ".jsonl", ".json"):
+        raise LmforgeError(f"--out: {args.out} must end in .npy or .jsonl")
+    if writes:
+        claim_file(args.out, args.overwrite)  # before the model is loaded
     model, tokenizer = _load(args)
     if args.similar is not None:
         for token, cos in most_similar(model, tokenizer, args.similar, opts.k, subwords=opts.subwords):
@@ -134,18 +143,15 @@ def run_embed(args: argparse.Namespace) -> int:
             print(json.dumps({"text": text, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False))
         return 0
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     from lmforge.files import atomic_path, write_text_atomic
 
     if out.suffix == ".npy":
         with atomic_path(out) as tmp, open(tmp, "wb") as f:  # atomic: np.save would add .npy to a bare name
             np.save(f, vectors)
-    elif out.suffix in (".jsonl", ".json"):
+    else:
         write_text_atomic(out, "".join(json.dumps({"text": text, "embedding": [float(x) for x in v]},
                                                   ensure_ascii=False) + "\n"
                                        for text, v in zip(texts, vectors, strict=True)))
-    else:
-        raise LmforgeError(f"--out: {out} must end in .npy or .jsonl")
     where = "mix" if opts.mix else ("last" if opts.layer is None else opts.layer)
     print(json.dumps({"out": str(out), "shape": list(vectors.shape), "layer": where, "pooling": opts.pooling}))
     return 0
@@ -158,6 +164,7 @@ def add_commands(sub) -> None:
     p.add_argument("--text", metavar="TEXT", help="the text (default: one text per line of standard input)")
     p.add_argument("--out", metavar="FILE", required=True,
                    help="FILE.png (heatmaps) or FILE.html (explorer); several texts give FILE-1, FILE-2, ...")
+    p.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
     p.add_argument("--target", metavar="TEXT",
                    help="encoder-decoder: the decoder's text (default: the model's own greedy output)")
     add_settings(p, ATTENTION)
@@ -168,6 +175,7 @@ def add_commands(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="DIR", required=True, help="model directory (lmforge or Hugging Face)")
     p.add_argument("--out", metavar="FILE", help="FILE.npy (N, D) or FILE.jsonl; default: JSON lines on stdout")
+    p.add_argument("--overwrite", action="store_true", help=FILE_OVERWRITE_HELP)
     p.add_argument("--query", metavar="TEXT", help="rank the texts by cosine to this one instead")
     p.add_argument("--similar", metavar="WORD", help="nearest vocabulary entries to WORD's input embedding")
     p.add_argument("--analogy", nargs=3, metavar=("A", "B", "C"),

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
+from lmforge.cli.common import OVERWRITE_HELP, Settings, add_quiet, add_settings, input_lines
 from lmforge.errors import LmforgeError
 from lmforge.schema import Recipe
 from lmforge.workflows.options import EncodeOptions, TextInput
@@ -26,7 +26,7 @@ CODEC = Settings(Recipe({"encode": EncodeOptions, "input": TextInput}), flags=("
 
 
 def train(args: argparse.Namespace) -> int:
-    from lmforge.outputs import claim_output, record_output
+    from lmforge.outputs import claim_output
     from lmforge.tokenizers import KINDS
     from lmforge.tokenizers.train import read_corpus
 
@@ -35,13 +35,12 @@ def train(args: argparse.Namespace) -> int:
         raise LmforgeError("--kind: required (bpe | byte-bpe | wordpiece)")
     identity = {"kind": section.kind, "vocab_size": section.vocab_size, "min_frequency": section.min_frequency,
                 **section.options(), "files": [str(Path(f).resolve()) for f in args.files]}
-    claim_output(args.out, "tokenizer", identity, args.overwrite)
-    texts = read_corpus(args.files, errors=args.settings["input"].errors)
-    workers = section.workers or min(4, os.cpu_count() or 1)
-    tok = KINDS[section.kind].train(texts, section.vocab_size, section.min_frequency, workers=workers,
-                                    progress=not args.quiet, **section.options())
-    path = tok.save(args.out)
-    record_output(args.out, "tokenizer", identity, ["tokenizer.json", "tokenizer.vocab"])
+    with claim_output(args.out, "tokenizer", identity, args.overwrite):
+        texts = read_corpus(args.files, errors=args.settings["input"].errors)
+        workers = section.workers or min(4, os.cpu_count() or 1)
+        tok = KINDS[section.kind].train(texts, section.vocab_size, section.min_frequency, workers=workers,
+                                        progress=not args.quiet, **section.options())
+        path = tok.save(args.out)
     if tok.vocab_size < section.vocab_size:
         print(f"lmforge tokenizer train: stopped at {tok.vocab_size} tokens, short of --vocab-size "
               f"{section.vocab_size}: no pair of symbols occurs --min-frequency {section.min_frequency} times any more "
@@ -101,8 +100,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = commands.add_parser("train", help="learn a vocabulary from text files",
                             description="Learn a tokenizer from UTF-8 text files and save it into --out.")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for tokenizer.json and the vocabulary")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a different tokenizer (or other output) already in --out")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     add_settings(p, TRAIN)
     add_quiet(p)
     p.add_argument("files", nargs="+", metavar="FILE")

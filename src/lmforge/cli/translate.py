@@ -31,15 +31,17 @@ def run_translate(args: argparse.Namespace) -> int:
     from lmforge import load
     from lmforge.errors import LmforgeError
     from lmforge.models.interfaces import is_encoder_decoder
+    from lmforge.outputs import claim_file
     from lmforge.workflows.translate import alignment, evaluate_translation, plot_alignment, translate
 
     if args.align and Path(args.align).suffix.lower() not in (".png", ".pdf", ".svg"):
         raise LmforgeError(f"--align: {args.align} must end in .png, .pdf or .svg")
-    if args.out and Path(args.out).is_dir():
-        raise LmforgeError(f"--out: {args.out} is a directory; give a file for the translations")
     for flag, target in (("--out", args.out), ("--align", args.align)):  # before the work, not after it
-        folder = Path(target).resolve().parent if target else None
-        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+        if target is None:
+            continue
+        claim_file(target, args.overwrite, inputs=[args.eval], what=flag)
+        folder = Path(target).resolve().parent
+        if not (folder.is_dir() and os.access(folder, os.W_OK)):
             raise LmforgeError(f"{flag}: cannot write into {folder} (missing or read-only)")
     if args.eval:
         from lmforge.workflows.translate import require_sacrebleu
@@ -92,6 +94,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="FILE", help="with --eval: write the translations here, one per line")
     p.add_argument("--align", metavar="PNG", help="plot the cross-attention of TEXT and its translation")
     p.add_argument("--target", metavar="TEXT", help="with --align: the target to align (default: translate)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file at --out or --align "
+                   "(without it an existing file is refused before any work)")
     add_settings(p, SETTINGS)
     add_quiet(p)
     p.set_defaults(handler=run_translate)

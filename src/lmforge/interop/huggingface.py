@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import copy_file, write_text_atomic
 from lmforge.interop import bert, gpt2
 from lmforge.manifest import write_manifest
 from lmforge.models.config import DecoderConfig, EncoderConfig, read_json
@@ -160,7 +159,7 @@ def copy_tokenizer_files(src: Path, out: Path) -> list[str]:
     copied = []
     for name in HF_TOKENIZER_FILES:
         if (src / name).is_file():
-            shutil.copyfile(src / name, out / name)
+            copy_file(src / name, out / name)
             copied.append(name)
     return copied
 

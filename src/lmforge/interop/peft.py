@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import remove_tree, write_text_atomic
 
 PEFT_TARGETS = ["query", "key", "value", "attention.output.dense"]
 
@@ -74,9 +74,7 @@ def export_peft(adapter_dir: str | Path, out: str | Path) -> Path:
     staged = out / "base.lmforge"  # the base + trained head in lmforge's layout, then in transformers'
     save_pretrained(model, staged, tok, extra={"task": info["task"], "labels": labels})
     convert_to_hf(staged, out / "base")
-    import shutil
-
-    shutil.rmtree(staged)
+    remove_tree(staged)
     save_weights(lora_to_peft(tensors, config.n_layers, config.d_model), out / "adapter_model.safetensors")
     peft_config: dict[str, Any] = {
         "peft_type": "LORA", "task_type": "SEQ_CLS" if info["task"] == "seq-cls" else "TOKEN_CLS",

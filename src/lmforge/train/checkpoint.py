@@ -47,8 +47,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from lmforge.errors import LmforgeError
-from lmforge.files import disk_full, write_text_atomic
-from lmforge.manifest import verify_manifest, write_manifest
+from lmforge.files import disk_full, move, remove_tree, will_write, write_text_atomic
+from lmforge.manifest import MANIFEST_NAME, verify_manifest, write_manifest
 from lmforge.models.registry import load_tensors_only, untied
 from lmforge.train.logs import info
 
@@ -172,9 +172,11 @@ def save_checkpoint(
     (a directory) is stored relative to the checkpoint, so a run directory can be moved whole.
     """
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / step_name(step)
     tmp = root / f".tmp-{step_name(step)}-{os.getpid()}"
+    names = [*CHECKPOINT_FILES, *(["config.json"] if model_config is not None else []), MANIFEST_NAME]
+    will_write(*(tmp / name for name in names))  # before the folder exists: a claimed output lists them
+    root.mkdir(parents=True, exist_ok=True)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -190,7 +192,7 @@ def save_checkpoint(
             (tmp / "config.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")  # atomic: ditto
         write_manifest(tmp)
     except (OSError, RuntimeError, SafetensorError) as err:  # torch.save reports a full disk as RuntimeError
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         need = _state_bytes(weights) + _state_bytes(optimizer_state)
         if not (disk_full(err) or shutil.disk_usage(root).free < need):
             raise
@@ -201,11 +203,11 @@ def save_checkpoint(
         _fsync(f)
     if final.exists():  # re-saving a step after a resume: move the old copy aside first
         old = root / f".old-{step_name(step)}-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        move(final, old)
+        move(tmp, final)
+        remove_tree(old)
     else:
-        os.replace(tmp, final)
+        move(tmp, final)
     _fsync(root)
     write_text_atomic(root / "latest", final.name + "\n")
     if keep_last:
@@ -218,7 +220,7 @@ def prune(root: Path, keep_last: int, keep: str) -> None:
     steps = sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())
     for p in steps[:-keep_last]:
         if p.name != keep:
-            shutil.rmtree(p, ignore_errors=True)
+            remove_tree(p)
 
 
 def _state_bytes(state: Any) -> int:
@@ -265,7 +267,7 @@ def latest_checkpoint(run_dir: Path, clean: bool = False, verify: bool = False) 
         return None
     if clean:
         for stale in [*root.glob(".tmp-*"), *root.glob(".old-*")]:
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_tree(stale)
     pointer = root / "latest"
     candidates = []
     if pointer.is_file():

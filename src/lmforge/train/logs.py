@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lmforge.files import atomic_path, write_text_atomic
+from lmforge.files import atomic_path, will_write, write_text_atomic
 
 
 def info(message: str) -> None:
@@ -50,6 +50,7 @@ class RunLog:
         if not self.enabled:
             return record
         self.events.append(record)
+        will_write(self.path)
         with self.path.open("a", encoding="utf-8") as f:  # append-only: one whole line per record
             f.write(json.dumps(record) + "\n")
         if self.tb is not None:
@@ -93,7 +94,10 @@ def _tensorboard_writer(log_dir: Path, purge_step: int):
     except ImportError:
         info("tensorboard is not installed: skipping TensorBoard logs (pip install 'lmforge[tensorboard]')")
         return None
-    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+    before = set(log_dir.glob("events.out.tfevents.*"))
+    writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)  # it opens its event file now, named by
+    will_write(*(set(log_dir.glob("events.out.tfevents.*")) - before))  # TensorBoard: told to a claimed output
+    return writer
 
 
 def plot_loss(events: list[dict[str, Any]], path: Path) -> None:

@@ -17,11 +17,14 @@ from lmforge.workflows.options import ConvertOptions
 
 
 def convert(source: Path, to: str, out: Path, options: ConvertOptions, overwrite: bool = False) -> dict[str, Any]:
-    from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, load_hf
-    from lmforge.models.registry import count_parameters, load_pretrained
-    from lmforge.outputs import RECORD_NAME, claim_output, record_output
+    from lmforge.models.registry import count_parameters
+    from lmforge.outputs import claim_file, claim_output
 
-    identity = {"source": str(source.resolve()), "to": to}
+    if to == "gguf" and out.suffix != ".gguf":
+        raise LmforgeError(f"--out: {out} must end in .gguf for --to-gguf")
+    # the output is claimed before anything is read: a refusal costs nothing and changes nothing
+    claim = (claim_file(out, overwrite, inputs=[source]) if to == "gguf" else
+             claim_output(out, "model", {"source": str(source.resolve()), "to": to}, overwrite, inputs=[source]))
     if source.is_dir():  # verified before it is read: a directory lmforge.load refuses does not convert either
         from lmforge.interop.directories import verify_directory
         from lmforge.train.logs import info
@@ -29,34 +32,37 @@ def convert(source: Path, to: str, out: Path, options: ConvertOptions, overwrite
         if not verify_directory(source):
             info(f"{source}: no checksums.json; its files are checked only as their formats allow")
     if to == "gguf":
-        if out.suffix != ".gguf":
-            raise LmforgeError(f"--out: {out} must end in .gguf for --to-gguf")
         model = gguf_out(source, out, options)
         return {"source": str(source), "output": str(out), "architecture": type(model).__name__,
                 "parameters": count_parameters(model, by_component=False), "gguf_type": options.gguf_type}
-    claim_output(out, "model", identity, overwrite, inputs=[source])
+    with claim:
+        model, out = write_model(source, to, out)
+    return {"source": str(source), "output": str(out), "architecture": type(model).__name__,
+            "parameters": count_parameters(model, by_component=False)}
+
+
+def write_model(source: Path, to: str, out: Path):
+    """(the model as written, read back; the output folder) for the directions that write a folder."""
+    from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, load_hf
+    from lmforge.models.registry import load_pretrained
+
     if to == "lmforge" and source.suffix == ".gguf":
-        model = gguf_in(source, out)
-    elif to == "lmforge":
+        return gguf_in(source, out), out
+    if to == "lmforge":
         out = convert_from_hf(source, out)
-        model = load_pretrained(out)  # the written directory reads back
-    elif to == "peft":
+        return load_pretrained(out), out  # the written directory reads back
+    if to == "peft":
         from lmforge.interop.peft import export_peft
 
         out = export_peft(source, out)
-        model = load_hf(out / "base")
-    elif to == "merged":
+        return load_hf(out / "base"), out
+    if to == "merged":
         from lmforge.interop.peft import export_merged
 
         out = export_merged(source, out)
-        model = load_pretrained(out)
-    else:
-        out = convert_to_hf(source, out)
-        model = load_hf(out)
-    record_output(out, "model", identity, [p.name for p in Path(out).iterdir()
-                                          if p.is_file() and p.name not in (RECORD_NAME, ".lock")])
-    return {"source": str(source), "output": str(out), "architecture": type(model).__name__,
-            "parameters": count_parameters(model, by_component=False)}
+        return load_pretrained(out), out
+    out = convert_to_hf(source, out)
+    return load_hf(out), out
 
 
 def gguf_in(source: Path, out: Path):

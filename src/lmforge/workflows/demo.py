@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
+from lmforge.files import will_write
 from lmforge.workflows.options import DemoOptions
 
 EXAMPLES = [
@@ -64,6 +65,7 @@ def check_examples(folder: Path) -> Path:
 def run_examples(folder: Path, out: Path) -> None:
     """Run each exercise in ``folder``, keep its full printout in out/examples.log, print one line each."""
     out.mkdir(parents=True, exist_ok=True)
+    will_write(out / "examples.log")
     with (out / "examples.log").open("w") as log:  # append-only: a log written as the examples run
         for name in EXAMPLES:
             start = time.perf_counter()
@@ -114,16 +116,24 @@ def finetune_step(out: Path, steps: int) -> None:
 
 def run_demo(out: str | Path = "runs/demo", options: DemoOptions | None = None) -> Path:
     """The whole demo into ``out`` (resumable); returns the pretrained model's directory."""
-    from lmforge.data.sources import shakespeare_files
-    from lmforge.workflows.pretrain import pretrain
+    from lmforge.outputs import claim_output
 
     o = options or DemoOptions()
     steps, finetune_steps, examples = o.steps, o.finetune_steps, o.examples
     if o.quick:  # a minute and a half instead of six: fewer steps, no exercises
         steps, finetune_steps, examples = min(steps, 150), min(finetune_steps, 20), None
-    max_new_tokens, seed = o.max_new_tokens, o.seed
     folder = check_examples(Path(examples)) if examples else None
     out = Path(out)
+    with claim_output(out, "demo", flag=None):  # a folder holding files lmforge did not write is refused
+        return demo_steps(out, folder, steps, finetune_steps, o)
+
+
+def demo_steps(out: Path, folder: Path | None, steps: int, finetune_steps: int, o: DemoOptions) -> Path:
+    """The five steps of the demo into ``out``; returns the pretrained model's directory."""
+    from lmforge.data.sources import shakespeare_files
+    from lmforge.workflows.pretrain import pretrain
+
+    max_new_tokens, seed = o.max_new_tokens, o.seed
     start = time.perf_counter()
     if folder:
         print("1/5  the course's exercises", file=sys.stderr)

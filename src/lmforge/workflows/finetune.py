@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -41,11 +40,10 @@ from torch import nn
 
 from lmforge.data import tasks
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import remove_tree, write_text_atomic
 from lmforge.interop.directories import build_task_model, load_finetuned, save_finetuned, weights_sha256
-from lmforge.lock import RunLock
 from lmforge.models.strategies import StrategySpec, apply_strategy
-from lmforge.outputs import RECORD_NAME, claim_output, record_output
+from lmforge.outputs import claim_output
 from lmforge.workflows import self_training
 from lmforge.workflows.classify import encode, evaluate_model, predict_lines, probabilities
 from lmforge.workflows.finetune_args import REPORT_FILE, FinetuneArgs, train_config
@@ -171,7 +169,7 @@ def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path, eva
     train_s = (clock.last or time.perf_counter()) - start  # up to the last update, before the final checkpoint
     train_cpu = (clock.last_cpu or time.process_time()) - start_cpu  # CPU seconds: robust to a busy machine
     if not args.keep_checkpoints:
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        remove_tree(run_dir / "checkpoints")
     kept = {}
     if best is not None:  # the saved model is the best one evaluated, not the last
         kept = {"best": best.restore_best(), "evals": best.evals,
@@ -241,20 +239,16 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
     """Train, evaluate and save one run into ``args.out``; returns the report also written to finetune.json.
 
     One run at a time holds ``out``; it checkpoints into ``out/run`` every ``save_every`` steps and on
-    SIGINT / SIGTERM, and the same call again resumes from there. ``out`` may not be (or be inside) the
-    starting model's directory, and replaces another output (another strategy) only with ``overwrite``.
+    SIGINT / SIGTERM, and the same call again resumes from there. ``out`` is claimed first (``lmforge.outputs``):
+    not the starting model's directory (nor inside it), no file there that lmforge did not write, and another
+    output (another strategy) replaced only with ``overwrite``, its checkpoints (``out/run``) with it.
     With ``args.unlabeled``: self-training rounds follow (``self_train``); the last round's model is saved.
     """
     args.check()
     out = Path(args.out)
     identity = {"task": args.task, "strategy": args.strategy, "mix": args.mix, "merge": args.merge, "arch": args.arch}
-    if claim_output(out, "finetune", identity, args.overwrite, inputs=[args.model]):
-        shutil.rmtree(out / "run", ignore_errors=True)  # the replaced output's checkpoints go with it
-    with RunLock(out):
-        report = _finetune(args, out)
-        record_output(out, "finetune", identity, [p.name for p in out.iterdir() if p.is_file()
-                                                  and p.name not in (RECORD_NAME, ".lock")])
-    return report
+    with claim_output(out, "finetune", identity, args.overwrite, inputs=[args.model]):
+        return _finetune(args, out)
 
 
 def _finetune(args: FinetuneArgs, out: Path) -> dict[str, Any]:

@@ -81,7 +81,8 @@ class FinetuneArgs:
     pseudo_ratio: float = setting(1.0, "at most this many pseudo-labels per labeled example", above=0)
     save_every: int = setting(100, "checkpoint every N steps (and on SIGINT / SIGTERM); rerunning resumes",
                               min=0, may_change=True)
-    overwrite: bool = setting(False, "replace another fine-tuning output (another strategy) found in out",
+    overwrite: bool = setting(False, "replace another fine-tuning output (another strategy) in out: only the files "
+                              "its lmforge-output.json lists; files lmforge did not write are never removed",
                               may_change=True)
 
     def validate(self, section: str = "finetune") -> None:

