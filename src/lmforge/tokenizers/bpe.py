@@ -17,6 +17,7 @@ symbols, and encodes every word longer than ``SHORT_WORD`` symbols (a 10^6-lette
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 from heapq import heapify, heappop, heappush
 from itertools import pairwise
@@ -84,8 +85,8 @@ def merge_word_fast(ids: list[int], spans: list[Span], ranks: Ranks) -> tuple[li
     ([4, 0], [(0, 4), (4, 5)])
     """
     n = len(ids)
-    ids, starts, ends = list(ids), [s for s, _ in spans], [e for _, e in spans]
-    after, before = list(range(1, n + 1)), list(range(-1, n - 1))  # after[i] == n: i is the last node
+    ids = list(ids)
+    after, before = array("l", range(1, n + 1)), array("l", range(-1, n - 1))  # after[i] == n: i is the last
     heap = [ranks[pair][0] * n + i for i, pair in enumerate(pairwise(ids)) if pair in ranks]
     heapify(heap)
     while heap:
@@ -96,7 +97,7 @@ def merge_word_fast(ids: list[int], spans: list[Span], ranks: Ranks) -> tuple[li
             found = ranks.get((ids[i], ids[j])) if ids[i] >= 0 and j < n else None
             if found is None or found[0] != rank:
                 continue  # stale: i was unlinked, or its pair changed
-            ids[i], ids[j], ends[i] = found[1], -1, ends[j]  # i absorbs j
+            ids[i], ids[j] = found[1], -1  # i absorbs j
             after[i] = after[j]
             if after[i] < n:
                 before[after[i]] = i
@@ -106,8 +107,8 @@ def merge_word_fast(ids: list[int], spans: list[Span], ranks: Ranks) -> tuple[li
             found = ranks.get((ids[i], ids[j])) if j < n and ids[i] >= 0 else None
             if found is not None:
                 heappush(heap, found[0] * n + i)
-    kept = [i for i in range(n) if ids[i] >= 0]
-    return [ids[i] for i in kept], [(starts[i], ends[i]) for i in kept]
+    kept = [i for i in range(n) if ids[i] >= 0]  # node i now covers symbols i .. after[i] - 1
+    return [ids[i] for i in kept], [(spans[i][0], spans[after[i] - 1][1]) for i in kept]
 
 
 def drop_unknown(ids: list[int], spans: list[Span]) -> tuple[list[int], list[Span]]:
