@@ -101,7 +101,7 @@ def test_bad_files_are_one_line(tmp_path):
                       llama_state_from_decoder(model.state_dict(), model.config), tok, dtype="f32")
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(good.read_bytes()[:-1000])
-    with pytest.raises(LmforgeError, match=r"cut\.gguf: (truncated|not a readable GGUF)"):
+    with pytest.raises(LmforgeError, match=r"cut\.gguf: tensor [a-z_.0-9]+: truncated"):
         read_gguf(truncated)
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all" * 10)
     with pytest.raises(LmforgeError, match=r"junk\.gguf: not a readable GGUF file"):

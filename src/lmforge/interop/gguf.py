@@ -13,12 +13,14 @@ Reading gives Hugging Face Llama names and layout (``interop/llama.py`` maps tho
     output -> lm_head                    blk.i.attn_norm, ffn_norm -> input_layernorm, post_attention_layernorm
 
 Two things to undo. (1) Quantisation: blocks of 32 weights share a scale (and an offset), dequantized here to
-float32 (``dequantize``). (2) llama.cpp's converter permutes the rows of W_q and W_k: within each head it
+float32 (``gguf_file.dequantize``). (2) llama.cpp's converter permutes the rows of W_q and W_k: within each head it
 interleaves the two halves (rows [0, d/2) and [d/2, d)) so that its rotary code can rotate adjacent pairs; HF's
 and lmforge's rotate half against half, so the rows go back (``unpermute``; ``permute`` for writing).
 
-A GGUF file carries no checksum: it is checked by its own sizes (a truncated file, a tensor whose bytes do not
-match its shape and type, is refused) and loads as unverified.
+A GGUF file carries no checksum: it is checked by its own sizes and loads as unverified. Nothing is allocated
+from a size it declares before that size is checked: the header against the file's length (``gguf_file``), the
+tensors' shapes against the metadata (``check_shapes``), the rotary tables against the weights; a file that lies
+is one line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -33,9 +35,8 @@ import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path
+from lmforge.interop.gguf_file import BLOCK, TYPES, GGUFFile, dequantize, read_header
 
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")  # what lmforge dequantizes
-BLOCK = 32  # weights per quantisation block (Q8_0, Q4_0, Q4_1)
 LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -52,40 +53,7 @@ def gguf_module():
     return gguf
 
 
-# -- dequantization: the three block formats, written out ------------------------------------------------------
-def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Bytes of one tensor -> float32 values of ``shape`` (rows, row length).
-
-    Q8_0  per block: scale d (f16), 32 int8 q                         x = d q
-    Q4_0  per block: d (f16), 32 4-bit q (low nibbles first)          x = d (q - 8)
-    Q4_1  per block: d (f16), offset m (f16), 32 4-bit q              x = d q + m
-
-    >>> block = np.frombuffer(np.float16(0.5).tobytes() + bytes(range(1, 33)), dtype=np.uint8)
-    >>> dequantize(block, "Q8_0", (1, 32))[0, :4].tolist()
-    [0.5, 1.0, 1.5, 2.0]
-    """
-    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    if kind == "F32":
-        return raw.view(np.float32).reshape(shape).copy()
-    if kind == "F16":
-        return raw.view(np.float16).astype(np.float32).reshape(shape)
-    if kind == "BF16":
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    head = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 4}[kind]  # bytes of scale (and offset) per block
-    width = head + (BLOCK if kind == "Q8_0" else BLOCK // 2)
-    blocks = raw.reshape(-1, width)  # (n_blocks, bytes)
-    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (n_blocks, 1)
-    if kind == "Q8_0":
-        q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32)
-        return (d * q).reshape(shape)
-    packed = blocks[:, head:]  # (n_blocks, 16): value j in the low nibble of byte j, value 16 + j in the high
-    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)  # (n_blocks, 32)
-    if kind == "Q4_0":
-        return (d * (q - 8)).reshape(shape)
-    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-    return (d * q + m).reshape(shape)
-
-
+# -- the rotary row order -------------------------------------------------------------------------------------
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's rotary row order -> Hugging Face's: per head, rows (0, d/2, 1, d/2 + 1, ...) -> (0, 1, ..., d-1).
 
@@ -116,23 +84,24 @@ class GGUFModel:
     architecture: str
     hf_config: dict[str, Any]
     metadata: dict[str, Any] = field(repr=False)
-    reader: Any = field(repr=False)
+    file: GGUFFile = field(repr=False)
 
     @property
     def chat_template(self) -> str | None:
         return self.metadata.get("tokenizer.chat_template")
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor as float32, by its Hugging Face Llama name, W_q and W_k rows back in HF order."""
+        """Every tensor as float32, by its Hugging Face Llama name, W_q and W_k rows back in HF order; types and
+        shapes are checked against the config before any is read."""
+        for t in self.file.tensors:
+            if t.kind not in TYPES:
+                raise LmforgeError(f"{self.path}: tensor {t.name} is of type {t.kind}; lmforge reads "
+                                   f"{', '.join(TYPES)}")
+        check_shapes(self)
         heads, kv_heads = self.hf_config["num_attention_heads"], self.hf_config["num_key_value_heads"]
         out = {}
-        for t in self.reader.tensors:
-            kind = t.tensor_type.name
-            if kind not in TYPES:
-                raise LmforgeError(f"{self.path}: tensor {t.name} is of type {kind}; lmforge reads "
-                                   f"{', '.join(TYPES)}")
-            shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # ggml writes the fastest dimension first
-            values = dequantize(np.asarray(t.data), kind, shape)
+        for t in self.file.tensors:
+            values = dequantize(self.file.raw(t), t.kind, tuple(reversed(t.shape)))  # ggml: fastest dimension first
             name = hf_name(t.name, self.path)
             if name.endswith("q_proj.weight"):
                 values = unpermute(values, heads)
@@ -152,66 +121,104 @@ def hf_name(name: str, path: Path) -> str:
     raise LmforgeError(f"{path}: tensor {name} is not part of a Llama model lmforge knows")
 
 
-def field_value(field: Any) -> Any:
-    """A GGUFReader field as a Python value: a string, a number, a bool, or a list of those."""
-    gguf = gguf_module()
-    kinds = field.types
-    if not kinds:
-        return None
+def llama_shapes(c: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of the Llama model ``c`` describes, by Hugging Face name (rows, columns).
 
-    def scalar(part: Any, kind: Any) -> Any:
-        if kind == gguf.GGUFValueType.STRING:
-            return bytes(part).decode("utf-8", errors="replace")
-        value = part.tolist()[0]
-        return bool(value) if kind == gguf.GGUFValueType.BOOL else value
+    >>> shapes = llama_shapes({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 12, "num_hidden_layers": 1,
+    ...     "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True})
+    >>> len(shapes), shapes["model.layers.0.self_attn.k_proj.weight"], shapes["model.layers.0.mlp.down_proj.weight"]
+    (11, (4, 8), (8, 12))
+    """
+    d, ff, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    q, kv = d // c["num_attention_heads"] * c["num_attention_heads"], d // c["num_attention_heads"] * \
+        c["num_key_value_heads"]
+    layer = {"input_layernorm": (d,), "post_attention_layernorm": (d,), "self_attn.q_proj": (q, d),
+             "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d), "self_attn.o_proj": (d, q),
+             "mlp.gate_proj": (ff, d), "mlp.up_proj": (ff, d), "mlp.down_proj": (d, ff)}
+    shapes = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,)}
+    if not c["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (vocab, d)
+    for i in range(c["num_hidden_layers"]):
+        shapes.update({f"model.layers.{i}.{part}.weight": shape for part, shape in layer.items()})
+    return shapes
 
-    if kinds[0] == gguf.GGUFValueType.ARRAY:
-        return [scalar(field.parts[i], kinds[-1]) for i in field.data]
-    return scalar(field.parts[field.data[0]], kinds[0])
+
+def check_shapes(model: GGUFModel) -> None:
+    """The tensors the file holds are exactly those its metadata describes, shape for shape: checked before
+    anything is dequantized or built, so metadata declaring a 10^9-token vocabulary over a tiny tensor (or
+    1,000 layers over 2) is one line, not a 256 GB allocation."""
+    c, path = model.hf_config, model.path
+    declared = {hf_name(t.name, path): t for t in model.file.tensors}
+    layers = c["num_hidden_layers"]
+    if len(LAYER_NAMES) * layers > len(declared):
+        raise LmforgeError(f"{path}: metadata llama.block_count = {layers:,} needs {len(LAYER_NAMES)} tensors a "
+                           f"layer but the file holds {len(declared)} tensors; {METADATA_HINT}")
+    expected = llama_shapes(c)
+    for name, t in declared.items():
+        shape = tuple(reversed(t.shape))
+        if name not in expected:
+            raise LmforgeError(f"{path}: tensor {t.name} is not part of the model the metadata describes "
+                               f"(llama.block_count = {layers}); {METADATA_HINT}")
+        if shape != expected[name]:
+            raise LmforgeError(f"{path}: tensor {t.name} has shape {shape} but the metadata (llama.vocab_size, "
+                               f"embedding_length, ...) describes {expected[name]}; {METADATA_HINT}")
+    missing = [name for name in expected if name not in declared]
+    if missing:
+        raise LmforgeError(f"{path}: missing tensor(s) {', '.join(missing[:3])}"
+                           f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}; {METADATA_HINT}")
+
+
+METADATA_HINT = "the metadata and the tensors disagree (a damaged or crafted file)"
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFModel:
-    """The metadata of a GGUF file (tensors stay on disk until ``tensors()``); one line for what is not a
-    Llama-family GGUF lmforge can read."""
-    gguf = gguf_module()
+    """The metadata of a GGUF file (tensors stay on disk until ``tensors()``); one line for a file whose header
+    declares more than the file holds (``gguf_file.read_header``) or that is not a Llama-family GGUF."""
+    gguf_module()
     path = Path(path)
     if not path.is_file():
         raise LmforgeError(f"{path}: no such GGUF file")
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, OSError, IndexError, KeyError) as err:  # bad magic, truncated header or data
-        raise LmforgeError(f"{path}: not a readable GGUF file ({str(err).splitlines()[0] or type(err).__name__})") \
-            from None
-    metadata = {name: field_value(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
-    arch = metadata.get("general.architecture")
+    file = read_header(path)
+    arch = file.metadata.get("general.architecture")
     if arch != "llama":
         raise LmforgeError(f"{path}: architecture {arch!r} is not supported (lmforge reads Llama-family GGUF "
                            "files: general.architecture = llama)")
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise LmforgeError(f"{path}: truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes} of a "
-                               f"{size}-byte file")
-    return GGUFModel(path, arch, llama_config(metadata, reader, path), metadata, reader)
+    return GGUFModel(path, arch, llama_config(file, path), file.metadata, file)
 
 
-def llama_config(m: dict[str, Any], reader: Any, path: Path) -> dict[str, Any]:
-    """The Hugging Face LlamaConfig (as a dict) that the metadata describes."""
-    def need(key: str) -> Any:
-        if key not in m:
-            raise LmforgeError(f"{path}: metadata {key} is missing")
-        return m[key]
+def metadata_value(m: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path, default: Any = None,
+                   least: int | None = None) -> Any:
+    """``m[key]`` if it is of ``kind`` (and at least ``least``), ``default`` if absent; one line otherwise."""
+    value = m.get(key, default)
+    if value is None:
+        raise LmforgeError(f"{path}: metadata {key} is missing")
+    if isinstance(value, bool) or not isinstance(value, kind) or (least is not None and value < least):
+        raise LmforgeError(f"{path}: metadata {key} is {value!r:.40}, not a {getattr(kind, '__name__', 'number')}"
+                           f"{f' of at least {least}' if least is not None else ''}")
+    return value
 
-    heads = need("llama.attention.head_count")
-    vocab = m.get("llama.vocab_size") or len(need("tokenizer.ggml.tokens"))
-    untied = any(t.name == "output.weight" for t in reader.tensors)
+
+def llama_config(file: GGUFFile, path: Path) -> dict[str, Any]:
+    """The Hugging Face LlamaConfig (as a dict) that the metadata describes, each value of the right type."""
+    m = file.metadata
+
+    def count(key: str, default: Any = None) -> int:
+        return metadata_value(m, key, int, path, default, least=1)
+
+    def number(key: str, default: Any = None) -> float:
+        return metadata_value(m, key, (int, float), path, default)
+
+    heads = count("llama.attention.head_count")
+    vocab = count("llama.vocab_size") if "llama.vocab_size" in m else \
+        len(metadata_value(m, "tokenizer.ggml.tokens", list, path))
+    untied = any(t.name == "output.weight" for t in file.tensors)
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-            "hidden_size": need("llama.embedding_length"), "intermediate_size": need("llama.feed_forward_length"),
-            "num_hidden_layers": need("llama.block_count"), "num_attention_heads": heads,
-            "num_key_value_heads": m.get("llama.attention.head_count_kv", heads),
-            "rms_norm_eps": need("llama.attention.layer_norm_rms_epsilon"),
-            "rope_theta": m.get("llama.rope.freq_base", 10000.0),
-            "max_position_embeddings": m.get("llama.context_length", 2048), "tie_word_embeddings": not untied,
+            "hidden_size": count("llama.embedding_length"), "intermediate_size": count("llama.feed_forward_length"),
+            "num_hidden_layers": count("llama.block_count"), "num_attention_heads": heads,
+            "num_key_value_heads": count("llama.attention.head_count_kv", heads),
+            "rms_norm_eps": number("llama.attention.layer_norm_rms_epsilon"),
+            "rope_theta": number("llama.rope.freq_base", 10000.0),
+            "max_position_embeddings": count("llama.context_length", 2048), "tie_word_embeddings": not untied,
             "bos_token_id": m.get("tokenizer.ggml.bos_token_id"), "eos_token_id": m.get("tokenizer.ggml.eos_token_id"),
             "pad_token_id": m.get("tokenizer.ggml.padding_token_id"), "hidden_act": "silu",
             "attention_bias": False, "mlp_bias": False}
@@ -223,40 +230,70 @@ def gguf_tokenizer(model: GGUFModel):
     bos / eos / unk / pad ids from the file."""
     from lmforge.tokenizers import from_huggingface
 
-    m = model.metadata
+    m, path = model.metadata, model.path
     if m.get("tokenizer.ggml.model") != "gpt2":
-        raise LmforgeError(f"{model.path}: tokenizer model {m.get('tokenizer.ggml.model')!r} is not supported "
+        raise LmforgeError(f"{path}: tokenizer model {m.get('tokenizer.ggml.model')!r:.40} is not supported "
                            "(lmforge reads byte-level BPE: tokenizer.ggml.model = gpt2)")
-    tokens, types = m["tokenizer.ggml.tokens"], m.get("tokenizer.ggml.token_type") or []
+    tokens = metadata_value(m, "tokenizer.ggml.tokens", list, path)
+    types = metadata_value(m, "tokenizer.ggml.token_type", list, path, [])
+    merges = metadata_value(m, "tokenizer.ggml.merges", list, path, [])
+    for key, values, kind in (("tokens", tokens, str), ("token_type", types, int), ("merges", merges, str)):
+        if not all(isinstance(v, kind) for v in values):
+            raise LmforgeError(f"{path}: metadata tokenizer.ggml.{key} holds values that are not {kind.__name__}s")
+    metadata_value(m, "tokenizer.chat_template", str, path, "")
     control = [{"id": i, "content": t, "special": True} for i, (t, kind) in enumerate(zip(tokens, types, strict=False))
                if kind == TOKEN_TYPES["control"]]
-    data = {"model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)},
-                      "merges": m.get("tokenizer.ggml.merges") or []},
+    data = {"model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges},
             "added_tokens": control, "pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}
-    tok = from_huggingface(data, str(model.path))
+    tok = from_huggingface(data, str(path))
     for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
                       ("pad", "padding_token_id")):
         index = m.get(f"tokenizer.ggml.{key}")
-        if index is not None and index < len(tokens):
+        if isinstance(index, int) and 0 <= index < len(tokens):
             tok.set_role(role, tokens[index])
     return tok
 
 
+def check_position_tables(config: Any, path: Path) -> None:
+    """The Decoder's rotary tables (llama.context_length rows, not stored in the file) must not outweigh the
+    weights and 1 GiB: sized on the meta device, where building a module allocates nothing."""
+    from lmforge.models.decoder import Decoder
+
+    try:
+        with torch.device("meta"):
+            probe = Decoder(config)
+    except ValueError as err:  # a shape the modules refuse (an odd rotary head width)
+        raise LmforgeError(f"{path}: {err}") from None
+    tables = sum(b.nelement() * b.element_size() for b in probe.buffers())
+    weights = sum(p.nelement() * p.element_size() for p in probe.parameters())
+    if tables > max(weights, 1 << 30):
+        raise LmforgeError(f"{path}: metadata llama.context_length = {config.max_positions:,} would need "
+                           f"{tables / 1e9:,.1f} GB of rotary tables, more than the weights ({weights / 1e9:.2f} GB) "
+                           "and 1 GiB; a damaged or crafted file")
+
+
 def load_gguf(path: str | os.PathLike) -> tuple[torch.nn.Module, Any]:
-    """(lmforge Decoder in eval mode, tokenizer with the file's chat template) from a Llama-family GGUF file."""
+    """(lmforge Decoder in eval mode, tokenizer with the file's chat template) from a Llama-family GGUF file.
+
+    Nothing is allocated from a size the file declares before it is checked: the header against the file's
+    length (``read_header``), the tensors against the metadata (``check_shapes``), the position tables against
+    the weights; only then are the tensors dequantized and the Decoder built."""
     from lmforge.interop.llama import decoder_config_from_llama, decoder_state_from_llama
     from lmforge.models.decoder import Decoder
     from lmforge.models.registry import load_weights
 
     model = read_gguf(path)
     config = decoder_config_from_llama(model.hf_config, str(model.path))
-    decoder = Decoder(config)
-    load_weights(decoder, decoder_state_from_llama(model.tensors(), config, str(model.path)), str(model.path))
     tokenizer = gguf_tokenizer(model)
     if tokenizer.vocab_size > config.vocab_size:
         raise LmforgeError(f"{model.path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                            f"{config.vocab_size} embeddings")
     tokenizer.chat_template = model.chat_template
+    check_shapes(model)  # before the probe: building 10^6 layers, even on the meta device, exhausts memory
+    check_position_tables(config, model.path)
+    tensors = model.tensors()
+    decoder = Decoder(config)
+    load_weights(decoder, decoder_state_from_llama(tensors, config, str(model.path)), str(model.path))
     return decoder.eval(), tokenizer
 
 

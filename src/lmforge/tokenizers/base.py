@@ -35,6 +35,7 @@ from lmforge.tokenizers.template import NO_TEMPLATE, apply_template, parse_templ
 
 FORMAT = "lmforge-tokenizer"
 ROLES = ("pad", "unk", "cls", "sep", "mask", "bos", "eos")
+CACHED_WORD = 64  # characters: longer words are encoded each time they occur, not cached
 
 WordPieces = tuple[tuple[int, ...], tuple[str, ...], tuple[tuple[int, int], ...]]
 
@@ -139,11 +140,15 @@ class Tokenizer:
         raise NotImplementedError
 
     def _pieces(self, word: str) -> WordPieces:
+        """The pieces of ``word``, cached unless the word is longer than ``CACHED_WORD`` characters (a long
+        word is rarely seen twice, and a client sending distinct megabyte words must not fill memory)."""
         entry = self._cache.get(word)
         if entry is None:
-            if len(self._cache) > 500_000:
-                self._cache.clear()
-            entry = self._cache[word] = self._word_pieces(word)
+            entry = self._word_pieces(word)
+            if len(word) <= CACHED_WORD:
+                if len(self._cache) > 500_000:
+                    self._cache.clear()
+                self._cache[word] = entry
         return entry
 
     # ---- encoding ----------------------------------------------------------------------------

@@ -9,12 +9,17 @@ same letters inside one ("ing"), and decoding knows where the spaces go. On the 
 
 after which every pair occurs once and training stops; ``abbc`` becomes ``abb c</w>``.
 
-Encoding replays the merges on each word, lowest rank (earliest learned) first.
+Encoding replays the merges on each word, lowest rank (earliest learned) first: ``merge_once`` is the
+readable rule (find the earliest-learned pair, merge it everywhere, repeat), quadratic in a word's length;
+``merge_word_fast`` gives the same ids in O(n log n) with a heap of candidate pairs over a linked list of
+symbols, and encodes every word longer than ``SHORT_WORD`` symbols (a 10^6-letter word: seconds, not hours).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
+from heapq import heapify, heappop, heappush
 from itertools import pairwise
 from typing import Any, ClassVar
 
@@ -24,6 +29,8 @@ from lmforge.tokenizers.pretokenize import compile_pattern
 from lmforge.tokenizers.train import count_words, learn_merges, progress_bar
 
 Span = tuple[int, int]
+Ranks = dict[tuple[int, int], tuple[int, int]]
+SHORT_WORD = 12  # symbols: up to here merge_once is as fast (SmolLM2: 3 vs 5 us at 8 letters, 35 vs 19 at 32)
 
 
 def merge_once(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], tuple[int, int]]) -> bool:
@@ -52,8 +59,8 @@ def merge_once(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], t
     return True
 
 
-def apply_merges(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], tuple[int, int]]) -> None:
-    """Encode one word in place: ``merge_once`` until no learned pair is left.
+def apply_merges(ids: list[int], spans: list[Span], ranks: Ranks) -> None:
+    """Encode one word in place: ``merge_once`` until no learned pair is left (the reference; O(n^2)).
 
     >>> ids, spans = [0, 1, 1, 2], [(0, 1), (1, 2), (2, 3), (3, 4)]
     >>> apply_merges(ids, spans, {(0, 1): (0, 3), (3, 1): (1, 4)}); ids, spans
@@ -61,6 +68,47 @@ def apply_merges(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int],
     """
     while len(ids) > 1 and merge_once(ids, spans, ranks):
         pass
+
+
+def merge_word_fast(ids: list[int], spans: list[Span], ranks: Ranks) -> tuple[list[int], list[Span]]:
+    """``apply_merges`` in O(n log n): the same ids and spans, returned as new lists.
+
+    Symbol i of the word is a node of a doubly linked list (``after[i]``, ``before[i]``); a merge keeps the
+    left node, gives it the merged id and unlinks the right one. A heap holds one key per adjacent pair
+    that has a rank, ``rank * n + i`` (i its left node), so it pops the earliest-learned pair, leftmost
+    first. ``merge_once`` merges every occurrence of the best pair before looking at the pairs those
+    merges create; to keep exactly its order, one round pops every key of the lowest rank, and only then
+    are the new pairs pushed. A key is stale (skipped) when its node was unlinked or now starts a
+    different pair. Each merge pushes at most two keys: O(n log n) in all.
+
+    >>> merge_word_fast([0, 1, 0, 1, 0], [(i, i + 1) for i in range(5)], {(0, 1): (0, 3), (3, 3): (1, 4)})
+    ([4, 0], [(0, 4), (4, 5)])
+    """
+    n = len(ids)
+    ids = list(ids)
+    after, before = array("l", range(1, n + 1)), array("l", range(-1, n - 1))  # after[i] == n: i is the last
+    heap = [ranks[pair][0] * n + i for i, pair in enumerate(pairwise(ids)) if pair in ranks]
+    heapify(heap)
+    while heap:
+        rank, new = heap[0] // n, []
+        while heap and heap[0] // n == rank:
+            i = heappop(heap) % n
+            j = after[i]
+            found = ranks.get((ids[i], ids[j])) if ids[i] >= 0 and j < n else None
+            if found is None or found[0] != rank:
+                continue  # stale: i was unlinked, or its pair changed
+            ids[i], ids[j] = found[1], -1  # i absorbs j
+            after[i] = after[j]
+            if after[i] < n:
+                before[after[i]] = i
+            new += [before[i], i]  # the pairs (before i, i) and (i, after i) are new
+        for i in new:
+            j = after[i] if i >= 0 else n
+            found = ranks.get((ids[i], ids[j])) if j < n and ids[i] >= 0 else None
+            if found is not None:
+                heappush(heap, found[0] * n + i)
+    kept = [i for i in range(n) if ids[i] >= 0]  # node i now covers symbols i .. after[i] - 1
+    return [ids[i] for i in kept], [(spans[i][0], spans[after[i] - 1][1]) for i in kept]
 
 
 def drop_unknown(ids: list[int], spans: list[Span]) -> tuple[list[int], list[Span]]:
@@ -128,7 +176,10 @@ class BPETokenizer(Tokenizer):
 
     def _word_pieces(self, word: str) -> WordPieces:
         ids, spans = self._symbols(word)
-        apply_merges(ids, spans, self.ranks)
+        if len(ids) > SHORT_WORD:
+            ids, spans = merge_word_fast(ids, spans, self.ranks)
+        else:
+            apply_merges(ids, spans, self.ranks)
         tokens = self.id_to_token
         return tuple(ids), tuple(tokens[i] for i in ids), tuple(spans)
 

@@ -1,0 +1,226 @@
+"""The GGUF container, read by hand so that every size it declares is checked against the file's length first.
+
+A GGUF file (little-endian) is a header, then the tensors' bytes::
+
+    "GGUF", version u32 (2 or 3), tensor_count u64, kv_count u64
+    kv_count times       key (u64 length + UTF-8 bytes), value type u32, value
+    tensor_count times   name, n_dims u32 (at most 4), n_dims x u64 (fastest dimension first), type u32, offset u64
+    zeros up to a multiple of general.alignment (32), then each tensor's bytes at its offset from there
+
+A value is a scalar (u8 ... f64, bool), a string (u64 length + bytes) or an array (item type u32, u64 count,
+items). Nothing is allocated from a declared size before the file is known to hold it: an array of 2^40 strings
+needs at least 8 bytes each, so an 832-byte file declaring one is refused at once, naming the field, where the
+``gguf`` package's GGUFReader loops over the count until memory runs out (a 2 GB cap: MemoryError after 18 s).
+Tensors must lie inside the file and not overlap, so the values they dequantize to are bounded by the file's
+size (at most 7.1 float32 bytes per byte, for Q4_0).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmforge.errors import LmforgeError
+
+SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # struct codes
+STRING, ARRAY = 8, 9
+MAX_DIMS = 4  # GGML_MAX_DIMS
+TENSOR_INFO_MIN = 8 + 4 + 4 + 8  # an empty name, no dimension, the type and the offset
+KV_MIN = 8 + 4 + 1  # an empty key, the type and a one-byte value
+HINT = "the file is damaged or not what it claims; download it again"
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")  # what lmforge dequantizes
+BLOCK = 32  # weights per quantisation block (Q8_0, Q4_0, Q4_1)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the header describes it; ``shape`` as ggml writes it (fastest dimension first)."""
+
+    name: str
+    kind: str  # the ggml type's name: F32, Q4_1, ...
+    shape: tuple[int, ...]
+    start: int  # byte offset in the file
+    n_bytes: int
+
+
+@dataclass
+class GGUFFile:
+    """A GGUF file's metadata (Python values) and tensor descriptions; tensor bytes stay on disk until ``raw``."""
+
+    path: Path
+    size: int
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo]
+    data: np.ndarray = field(repr=False)  # the whole file, memory-mapped (uint8)
+
+    def raw(self, t: TensorInfo) -> np.ndarray:
+        """The bytes of tensor ``t`` (a view of the mapped file: nothing is read until used)."""
+        return np.asarray(self.data[t.start:t.start + t.n_bytes])
+
+
+class Cursor:
+    """Reads the header front to back; every read first checks that the file holds the bytes it needs."""
+
+    def __init__(self, data: np.ndarray, path: Path) -> None:
+        self.data, self.path, self.size, self.pos = data, path, len(data), 0
+
+    def fail(self, what: str, problem: str) -> LmforgeError:
+        return LmforgeError(f"{self.path}: {what}: {problem}; {HINT}")
+
+    def need(self, n: int, what: str) -> int:
+        """Claim ``n`` bytes at the current position; the position they start at."""
+        if n > self.size - self.pos:
+            raise self.fail(what, f"needs {n:,} bytes at byte {self.pos:,} but the file has {self.size:,}")
+        self.pos += n
+        return self.pos - n
+
+    def scalar(self, code: str, what: str) -> Any:
+        return struct.unpack_from("<" + code, self.data, self.need(struct.calcsize(code), what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.scalar("Q", what)
+        start = self.need(n, what)
+        return bytes(self.data[start:start + n]).decode("utf-8", errors="replace")
+
+    def count(self, what: str, least: int) -> int:
+        """A u64 count of items of at least ``least`` bytes each, refused if the rest of the file cannot hold them."""
+        n = self.scalar("Q", what)
+        if n * least > self.size - self.pos:
+            each = f"{least} byte{'s' if least > 1 else ''}"
+            raise self.fail(what, f"declares {n:,} items (at least {each} each) but the file has "
+                                  f"{self.size - self.pos:,} bytes left")
+        return n
+
+    def value(self, kind: int, what: str) -> Any:
+        """One metadata value of type ``kind``: a number, bool, string, or a list of those."""
+        if kind in SCALARS:
+            return self.scalar(SCALARS[kind], what)
+        if kind == STRING:
+            return self.string(what)
+        if kind != ARRAY:
+            raise self.fail(what, f"unknown value type {kind}")
+        item = self.scalar("I", what)
+        if item in SCALARS:
+            dtype = np.dtype("<" + SCALARS[item])
+            n = self.count(what, dtype.itemsize)
+            return np.frombuffer(self.data, dtype, n, self.need(n * dtype.itemsize, what)).tolist()
+        if item != STRING:
+            raise self.fail(what, f"arrays of type {item} are not supported (numbers, bools or strings)")
+        return [self.string(what) for _ in range(self.count(what, 8))]
+
+
+def read_header(path: Path) -> GGUFFile:
+    """Metadata and tensor descriptions of a GGUF file, every count, length, shape and offset checked against the
+    file's size before it is used; one line (naming the file and the field) for a file that lies."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+    except (ValueError, OSError) as err:  # an empty file cannot be mapped
+        raise LmforgeError(f"{path}: not a readable GGUF file ({err})") from None
+    c = Cursor(data, path)
+    if bytes(data[:4]) != b"GGUF":
+        raise LmforgeError(f"{path}: not a readable GGUF file (no GGUF magic at byte 0)")
+    c.need(4, "magic")
+    version = c.scalar("I", "header version")
+    if version & 0xFFFF == 0:
+        raise c.fail("header version", "a big-endian GGUF file, which lmforge does not read")
+    if version not in (2, 3):
+        raise c.fail("header version", f"version {version} (lmforge reads 2 and 3)")
+    n_tensors = c.scalar("Q", "header tensor_count")
+    metadata: dict[str, Any] = {}
+    for _ in range(c.count("header kv_count", KV_MIN)):
+        key = c.string(f"metadata key {len(metadata)}")
+        if key in metadata:
+            raise c.fail(f"metadata {key}", "the key appears twice")
+        metadata[key] = c.value(c.scalar("I", f"metadata {key}"), f"metadata {key}")
+    if n_tensors * TENSOR_INFO_MIN > c.size - c.pos:
+        raise c.fail("header tensor_count", f"declares {n_tensors:,} tensors but the file has {c.size - c.pos:,} "
+                                            "bytes left for their descriptions")
+    infos = [tensor_info(c, GGMLQuantizationType) for _ in range(n_tensors)]
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int) or align < 1 or align & (align - 1):
+        raise c.fail("metadata general.alignment", f"{align!r} is not a power of two")
+    tensors = place_tensors(c, infos, -(-c.pos // align) * align, GGML_QUANT_SIZES)
+    return GGUFFile(path, c.size, metadata, tensors, data)
+
+
+def tensor_info(c: Cursor, types: Any) -> tuple[str, Any, tuple[int, ...], int]:
+    """One tensor description: (name, ggml type, shape fastest-first, offset from the data section)."""
+    name = c.string(f"tensor description at byte {c.pos:,}")
+    n_dims = c.scalar("I", f"tensor {name}: n_dims")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise c.fail(f"tensor {name}: n_dims", f"{n_dims} dimensions (ggml has 1 to {MAX_DIMS})")
+    shape = struct.unpack_from(f"<{n_dims}Q", c.data, c.need(8 * n_dims, f"tensor {name}: dims"))
+    kind = c.scalar("I", f"tensor {name}: type")
+    try:
+        kind = types(kind)
+    except ValueError:
+        raise c.fail(f"tensor {name}: type", f"unknown ggml type {kind}") from None
+    return name, kind, shape, c.scalar("Q", f"tensor {name}: offset")
+
+
+def place_tensors(c: Cursor, infos: list[tuple[str, Any, tuple[int, ...], int]], data_start: int,
+                  sizes: dict[Any, tuple[int, int]]) -> list[TensorInfo]:
+    """Each tensor's bytes from its shape and type (Python integers: no overflow), inside the file, no two
+    overlapping: what the tensors dequantize to is bounded by the file's size."""
+    tensors, names = [], set()
+    for name, kind, shape, offset in infos:
+        what = f"tensor {name}"
+        if name in names:
+            raise c.fail(what, "the name appears twice")
+        names.add(name)
+        block, block_bytes = sizes[kind]
+        if 0 in shape or shape[0] % block:
+            raise c.fail(what, f"shape {list(shape)} (a zero dimension, or rows not in whole blocks of {block})")
+        n_bytes = math.prod(shape) // block * block_bytes
+        start = data_start + offset
+        if start + n_bytes > c.size:
+            raise c.fail(what, f"truncated or lying: {kind.name} {list(shape)} needs {n_bytes:,} bytes from byte "
+                               f"{start:,} but the file has {c.size:,}")
+        tensors.append(TensorInfo(name, kind.name, tuple(shape), start, n_bytes))
+    ordered = sorted(tensors, key=lambda t: t.start)
+    for a, b in pairwise(ordered):
+        if b.start < a.start + a.n_bytes:
+            raise c.fail(f"tensor {b.name}", f"its bytes overlap those of tensor {a.name}")
+    return tensors
+
+
+# -- dequantization: the three block formats, written out ----------------------------------------------------
+def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Bytes of one tensor -> float32 values of ``shape`` (rows, row length).
+
+    Q8_0  per block: scale d (f16), 32 int8 q                         x = d q
+    Q4_0  per block: d (f16), 32 4-bit q (low nibbles first)          x = d (q - 8)
+    Q4_1  per block: d (f16), offset m (f16), 32 4-bit q              x = d q + m
+
+    >>> block = np.frombuffer(np.float16(0.5).tobytes() + bytes(range(1, 33)), dtype=np.uint8)
+    >>> dequantize(block, "Q8_0", (1, 32))[0, :4].tolist()
+    [0.5, 1.0, 1.5, 2.0]
+    """
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    if kind == "F32":
+        return raw.view(np.float32).reshape(shape).copy()
+    if kind == "F16":
+        return raw.view(np.float16).astype(np.float32).reshape(shape)
+    if kind == "BF16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    head = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 4}[kind]  # bytes of scale (and offset) per block
+    width = head + (BLOCK if kind == "Q8_0" else BLOCK // 2)
+    blocks = raw.reshape(-1, width)  # (n_blocks, bytes)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (n_blocks, 1)
+    if kind == "Q8_0":
+        q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32)
+        return (d * q).reshape(shape)
+    packed = blocks[:, head:]  # (n_blocks, 16): value j in the low nibble of byte j, value 16 + j in the high
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)  # (n_blocks, 32)
+    if kind == "Q4_0":
+        return (d * (q - 8)).reshape(shape)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    return (d * q + m).reshape(shape)
