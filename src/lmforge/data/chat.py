@@ -72,8 +72,7 @@ def encode_conversation(template: ChatTemplate, tokenizer: Any, messages: Sequen
     turns, dropped = messages[len(system):], 0
     while True:
         chat = system + turns
-        text = template.render(chat)
-        enc = tokenizer.encode(text, add_special_tokens=False, allow_special=True)
+        enc = template.encode(tokenizer, chat)  # as served: message text is plain text (ChatFormat.prompt_ids)
         if len(enc.ids) <= max_len:
             break
         # drop the oldest exchange (up to the next user turn) unless only the last reply would be left
