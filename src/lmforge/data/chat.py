@@ -81,7 +81,7 @@ def encode_conversation(template: ChatTemplate, tokenizer: Any, messages: Sequen
             raise LmforgeError(f"{where}: {len(enc.ids)} tokens, over max_len {max_len} even with only its last "
                                "exchange: raise max_len or shorten it")
         turns, dropped = turns[cut:], dropped + cut
-    spans = template.assistant_spans(chat)
+    spans = template.assistant_spans(chat, tokenizer)  # in the text ``enc.offsets`` index
     labels = []
     for token, (start, _end) in zip(enc.ids, enc.offsets, strict=True):
         inside = any(a <= start < b for a, b in spans)  # the token starts inside a reply (or its end marker)

@@ -92,7 +92,7 @@ def messages_line(line: str, where: str, expected: str = 'an object with "messag
     return row
 
 
-NO_SPECIALS = PlainSpecials(())  # hides only U+FDD0: what ``render`` uses
+NO_SPECIALS = PlainSpecials(())  # hides only U+FDD0: a template made without a tokenizer
 PLAIN: ContextVar[PlainSpecials | None] = ContextVar("lmforge_plain_specials", default=None)  # of the render
 
 
@@ -113,6 +113,7 @@ class ChatTemplate:
         self.where = f"chat template of {name}" if name else "chat template"
         self.tokens = {k: v for k, v in (tokens or {}).items() if v is not None}
         self.plains = {(): NO_SPECIALS}  # by the special tokens of a tokenizer (``plain_for``)
+        self.plain = NO_SPECIALS  # what ``render`` hides by default: the tokenizer's, once ``for_tokenizer`` made it
         env = BoundedEnvironment(filters={"tojson": self.to_json},
                                  globals={"raise_exception": raise_exception, "strftime_now": strftime_now,
                                           "namespace": jinja2.utils.Namespace},
@@ -130,7 +131,9 @@ class ChatTemplate:
         """The template of ``tokenizer.chat_template``, given the tokenizer's role tokens (``bos_token``, ...,
         as transformers gives its special tokens map)."""
         roles = {f"{role}_token": token for role, token in tokenizer.roles.items()}
-        return cls(tokenizer.chat_template, roles, name, limits)
+        template = cls(tokenizer.chat_template, roles, name, limits)
+        template.plain = template.plain_for(tokenizer)
+        return template
 
     def plain_for(self, tokenizer: Any) -> PlainSpecials:
         """The ``PlainSpecials`` of ``tokenizer``'s special tokens (built once per set of tokens)."""
@@ -145,7 +148,7 @@ class ChatTemplate:
                       plain: PlainSpecials | None = None, **extra: Any) -> str:
         """The conversation rendered with the special-token strings of its messages (and of ``extra``) hidden
         behind ``plain``'s markers: what ``encode`` reads."""
-        chat, plain = check_messages(messages), plain or NO_SPECIALS
+        chat, plain = check_messages(messages), plain or self.plain
         token = PLAIN.set(plain)
         try:
             context = {"messages": [plain.hide_all(m) for m in chat], "add_generation_prompt": add_generation_prompt,
@@ -157,10 +160,15 @@ class ChatTemplate:
         finally:
             PLAIN.reset(token)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False, **extra: Any) -> str:
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False, tokenizer: Any = None,
+               **extra: Any) -> str:
         """The conversation as text (``add_generation_prompt`` appends the header of the assistant's turn):
-        byte-identical to transformers' ``apply_chat_template(..., tokenize=False)``."""
-        return NO_SPECIALS.show(self.render_marked(messages, add_generation_prompt, **extra))
+        byte-identical to transformers' ``apply_chat_template(..., tokenize=False)``. It is the text of
+        ``encode(tokenizer, ...)`` (default: the tokenizer the template was made for), whose markers a template
+        sees as two characters each: one that slices or measures message text holding special-token strings
+        sees them shorter than transformers' would."""
+        plain = self.plain_for(tokenizer) if tokenizer is not None else self.plain
+        return plain.show(self.render_marked(messages, add_generation_prompt, plain, **extra))
 
     def encode(self, tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = False,
                **extra: Any) -> Encoding:
@@ -199,23 +207,24 @@ class ChatTemplate:
                           sort_keys=sort_keys)
         return plain.hide(text)
 
-    def assistant_spans(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
+    def assistant_spans(self, messages: Sequence[Message], tokenizer: Any = None) -> list[tuple[int, int]]:
         """(start, end) character spans of each assistant message's content and its end-of-turn marker.
 
         The text between the conversation up to a turn rendered *with* the generation prompt and the
         conversation including that turn is what the assistant writes: its content and whatever the template
         closes the turn with (``<|im_end|>``). The newline some templates add after the marker is left out, as
         the model stops at the marker. The prefixes must render as prefixes of the whole text (true of every
-        template that writes turns in order); one that does not is refused.
+        template that writes turns in order); one that does not is refused. The spans index ``render(messages,
+        tokenizer=tokenizer)``: the text whose tokens ``encode(tokenizer, ...)`` gives, with their offsets.
         """
         chat = check_messages(messages)
-        full = self.render(chat)
+        full = self.render(chat, tokenizer=tokenizer)
         spans = []
         for i, m in enumerate(chat):
             if m["role"] != "assistant":
                 continue
-            before = self.render(chat[:i], add_generation_prompt=True) if i else ""
-            through = self.render(chat[: i + 1])
+            before = self.render(chat[:i], True, tokenizer) if i else ""
+            through = self.render(chat[: i + 1], tokenizer=tokenizer)
             if not full.startswith(before) or not full.startswith(through) or not through.startswith(before):
                 raise LmforgeError(f"{self.where}: turn {i} does not render as a prefix of the whole "
                                    "conversation, so the assistant's tokens cannot be located")
