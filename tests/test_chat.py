@@ -26,6 +26,17 @@ LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messag
           "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
           "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}"
           "{% endfor %}")
+RICH = ("{%- set ns = namespace(system='', n=0) -%}{%- macro turn(role, text) -%}"
+        "{{ '<|' ~ role ~ '|>' }}{{ text | trim }}{{ eos_token }}{%- endmacro -%}"
+        "{%- if messages[0].role == 'system' %}{% set ns.system = messages[0].content %}"
+        "{% set rest = messages[1:] %}{% else %}{% set rest = messages %}{% endif -%}"
+        "{{ bos_token }}{% if ns.system is defined and ns.system %}{{ turn('system', ns.system) }}{% endif %}"
+        "{%- for m in rest %}{% set ns.n = ns.n + 1 %}{% if m.role == 'assistant' and m.content.startswith(' ') %}"
+        "{{ raise_exception('no leading space') }}{% endif %}{{ turn(m.role, m.content | replace('😀', ':)')) }}"
+        "{{ '[%d/%d]' % (loop.index, loop.length) }}{% if not loop.last %}\n{% endif %}{% endfor %}"
+        "{{ '\n' ~ (rest | selectattr('role', 'equalto', 'user') | list | length) ~ ' asked, ' ~ ns.n ~ ' turns' }}"
+        "{{ {'roles': rest | map(attribute='role') | list} | tojson }}"
+        "{%- if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}],
@@ -43,7 +54,7 @@ def hf_tokenizer(template: str):
                                                 unk_token="<unk>", chat_template=template)
 
 
-@pytest.mark.parametrize("template", [CHATML, LLAMA2], ids=["chatml", "llama2"])
+@pytest.mark.parametrize("template", [CHATML, LLAMA2, RICH], ids=["chatml", "llama2", "rich"])
 @pytest.mark.parametrize("generation_prompt", [False, True])
 @pytest.mark.parametrize("conversation", range(len(CONVERSATIONS)))
 def test_rendering_is_byte_identical_to_transformers(template, generation_prompt, conversation):
@@ -111,6 +122,7 @@ def test_smollm2_template_renders_and_encodes_as_transformers(smollm2_tokenizers
                                               add_generation_prompt=prompt)
         assert fmt.render(CONVERSATIONS[conversation], prompt) == expected
         assert fmt.encode(expected) == theirs(expected, add_special_tokens=False)["input_ids"]
+        assert fmt.conversation_ids(CONVERSATIONS[conversation], prompt) == fmt.encode(expected)  # what is served
     assert fmt.stop_ids == [ours.token_to_id("<|im_end|>")]
 
 

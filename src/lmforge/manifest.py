@@ -135,7 +135,7 @@ def check_entry(file: Path, entry: dict) -> None:
 
 def not_listed(file: Path) -> LmforgeError:
     return LmforgeError(f"{file}: not listed in {MANIFEST_NAME} (written after it, or the manifest was edited); "
-                        "cannot vouch for it")
+                        "cannot vouch for it (--no-verify reads it unverified)")
 
 
 def missing_manifest(folder: Path) -> LmforgeError:

@@ -4,7 +4,8 @@
     you> What is the capital of France? Answer in one sentence.
     The capital of France is Paris.
 
-In a terminal: /reset forgets the conversation, /system TEXT sets the system message (and resets), /exit ends.
+In a terminal: /reset forgets the conversation, /system TEXT sets the system message (and resets), /exit ends;
+Ctrl-C stops a reply (what was shown of it stays in the conversation), Ctrl-C or Ctrl-D at the prompt ends.
 Without a terminal: one conversation per line of standard input, ``{"messages": [...]}`` (the last one a user
 turn), one answer per line on standard output: ``{"reply": ..., "finish_reason": "stop" | "length", "tokens": N}``.
 Greedy by default; the sampling flags are those of ``lmforge generate``.
@@ -15,14 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from lmforge.cli.common import Settings, add_quiet, add_settings
 from lmforge.generation.options import GenerateOptions
 from lmforge.schema import Recipe
-from lmforge.workflows.options import ChatOptions, Runtime
+from lmforge.workflows.options import ChatOptions, Runtime, TemplateOptions
 
-SETTINGS = Settings(Recipe({"generate": GenerateOptions, "chat": ChatOptions, "runtime": Runtime}),
-                    flags=("generate", "chat", "runtime"), defaults={"generate.max_new_tokens": 256},
+SETTINGS = Settings(Recipe({"generate": GenerateOptions, "chat": ChatOptions, "template": TemplateOptions,
+                            "runtime": Runtime}),
+                    flags=("generate", "chat", "template", "runtime"), defaults={"generate.max_new_tokens": 256},
                     exclude=("generate.beams", "generate.length_penalty", "generate.batch_size"))
 
 
@@ -31,11 +35,11 @@ def run_chat(args: argparse.Namespace) -> int:
     from lmforge.errors import LmforgeError
     from lmforge.workflows.chat import ChatFormat, read_conversation, reply
 
-    options, system = args.settings["generate"], args.settings["chat"].system
+    options = args.settings["generate"]
     model, tokenizer = load(args.model, device=args.settings["runtime"].device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer")
-    fmt = ChatFormat(tokenizer, model.config.max_positions)
+    fmt = ChatFormat(tokenizer, model.config.max_positions, args.model, args.settings["template"].limits())
     if not sys.stdin.isatty():  # one conversation per JSON line, one answer per line
         for n, line in enumerate(sys.stdin, 1):
             if not line.strip():
@@ -45,12 +49,24 @@ def run_chat(args: argparse.Namespace) -> int:
             print(json.dumps({"reply": fmt.reply_text(ids), "finish_reason": reason, "tokens": len(ids)},
                              ensure_ascii=False), flush=True)
         return 0
+    return talk(model, fmt, options, args.settings["chat"].system)
+
+
+def talk(model: Any, fmt: Any, options: GenerateOptions, system: str | None,
+         ask: Callable[[str], str] | None = None) -> int:
+    """The terminal conversation: read a line (``ask``, default ``input``), stream the reply, keep the history.
+    Ctrl-C during a reply stops it (the part shown is kept as the assistant's turn) and asks again; Ctrl-C or
+    Ctrl-D at the prompt, or /exit, ends the session."""
+    from lmforge.errors import LmforgeError
+
+    ask = ask or input
     history = [{"role": "system", "content": system}] if system else []
-    print("lmforge chat: /reset, /system TEXT, /exit (Ctrl-D)", file=sys.stderr)
+    print("lmforge chat: /reset, /system TEXT, /exit (Ctrl-D); Ctrl-C stops a reply", file=sys.stderr)
     while True:
         try:
-            text = input("you> ")
-        except EOFError:
+            text = ask("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
             return 0
         if text.strip() in ("/exit", "/quit"):
             return 0
@@ -62,20 +78,37 @@ def run_chat(args: argparse.Namespace) -> int:
         if not text.strip():
             continue
         history.append({"role": "user", "content": text})
-        ids, shown = [], ""
         try:
-            for token in reply(model, fmt, history, options):
-                ids.append(token)
-                text_so_far = fmt.reply_text(ids)
-                if not text_so_far.endswith("\ufffd"):  # a character cut between two tokens waits
-                    print(text_so_far[len(shown):], end="", flush=True)
-                    shown = text_so_far
+            said = stream_reply(model, fmt, history, options)
         except LmforgeError as err:
             history.pop()
             print(f"lmforge: error: {err}", file=sys.stderr)
             continue
+        if said is None:  # stopped before a word: as if the question was not asked
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": said})
+
+
+def stream_reply(model: Any, fmt: Any, history: list[dict[str, str]], options: GenerateOptions) -> str | None:
+    """Print the reply as it comes; its text, or what was shown of it when Ctrl-C stopped it (None if nothing)."""
+    from lmforge.workflows.chat import reply
+
+    ids: list[int] = []
+    shown = ""
+    try:
+        for token in reply(model, fmt, history, options):
+            ids.append(token)
+            text_so_far = fmt.reply_text(ids)
+            if not text_so_far.endswith("\ufffd"):  # a character cut between two tokens waits
+                print(text_so_far[len(shown):], end="", flush=True)
+                shown = text_so_far
+    except KeyboardInterrupt:
         print(flush=True)
-        history.append({"role": "assistant", "content": fmt.reply_text(ids)})
+        print("(stopped)", file=sys.stderr)
+        return shown or None
+    print(flush=True)
+    return fmt.reply_text(ids)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -72,8 +72,7 @@ def encode_conversation(template: ChatTemplate, tokenizer: Any, messages: Sequen
     turns, dropped = messages[len(system):], 0
     while True:
         chat = system + turns
-        text = template.render(chat)
-        enc = tokenizer.encode(text, add_special_tokens=False, allow_special=True)
+        enc = template.encode(tokenizer, chat)  # as served: message text is plain text (ChatFormat.prompt_ids)
         if len(enc.ids) <= max_len:
             break
         # drop the oldest exchange (up to the next user turn) unless only the last reply would be left
@@ -82,7 +81,7 @@ def encode_conversation(template: ChatTemplate, tokenizer: Any, messages: Sequen
             raise LmforgeError(f"{where}: {len(enc.ids)} tokens, over max_len {max_len} even with only its last "
                                "exchange: raise max_len or shorten it")
         turns, dropped = turns[cut:], dropped + cut
-    spans = template.assistant_spans(chat)
+    spans = template.assistant_spans(chat, tokenizer)  # in the text ``enc.offsets`` index
     labels = []
     for token, (start, _end) in zip(enc.ids, enc.offsets, strict=True):
         inside = any(a <= start < b for a, b in spans)  # the token starts inside a reply (or its end marker)

@@ -48,8 +48,10 @@ def verify_directory(folder: Path, verify: bool | None = None) -> bool:
     far as a manifest goes, the rest checked as their formats are read. False when there is no manifest."""
     ours = written_by_lmforge(folder)  # either way a tokenizer file beside a manifest must be listed in it (the
     # tokenizer is then not hashed a second time when it is read)
-    return verify_manifest(folder, required=WEIGHT_FILES if ours else TOKENIZER_FILES, verify=verify,
-                           lmforge_written=ours)
+    from lmforge.tokenizers.chat import TEMPLATE_FILES
+
+    required = (*(WEIGHT_FILES if ours else TOKENIZER_FILES), *TEMPLATE_FILES)  # a chat template is code
+    return verify_manifest(folder, required=required, verify=verify, lmforge_written=ours)
 
 
 def has_tokenizer(folder: str | os.PathLike) -> bool:

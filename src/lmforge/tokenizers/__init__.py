@@ -57,7 +57,10 @@ def load_tokenizer(path: str | Path, verify: bool | None = None, manifest_requir
         raise LmforgeError(f"{path}: cannot read ({err.strerror or err})") from None
     if not isinstance(data, dict):
         raise LmforgeError(f"{path}: not a tokenizer (expected a JSON object)")
-    verify_files(path.parent, [path.name], verify, lmforge_written=manifest_required)  # the one read path
+    from lmforge.tokenizers.chat import TEMPLATE_FILES, read_chat_template
+
+    beside = [n for n in TEMPLATE_FILES if (path.parent / n).is_file()]  # read with it: roles, chat template
+    verify_files(path.parent, [path.name, *beside], verify, lmforge_written=manifest_required)  # the one read path
     if data.get("format") == FORMAT:
         tok = Tokenizer.from_dict(data, str(path))
     elif "model" in data:
@@ -66,8 +69,6 @@ def load_tokenizer(path: str | Path, verify: bool | None = None, manifest_requir
     else:
         raise LmforgeError(f"{path}: not a tokenizer file (neither lmforge's format nor Hugging Face's)")
     if tok.chat_template is None:  # a Hugging Face folder keeps it beside: chat_template.jinja, tokenizer_config.json
-        from lmforge.tokenizers.chat import read_chat_template
-
         tok.chat_template = read_chat_template(path.parent)
     return tok
 

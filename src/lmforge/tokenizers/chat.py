@@ -10,10 +10,17 @@ An instruct model learnt one layout of conversations. SmolLM2's (ChatML) reads::
                                                   <- add_generation_prompt: the model writes from here
 
 The layout travels with the model as a Jinja template (GGUF metadata, ``tokenizer_config.json`` or
-``chat_template.jinja``). A template is code from a file: it is rendered in Jinja2's *sandbox*, which refuses
-attribute access to Python internals (``__class__``, ``__globals__``...), so a template cannot run code; only the
-helpers chat templates use are given (``raise_exception``, ``tojson``, ``strftime_now``, ``namespace``), as
-``transformers`` gives them, so the text is byte-identical to its ``apply_chat_template``.
+``chat_template.jinja``). A template is code from a file, so it is held three ways:
+
+- it runs in Jinja2's immutable *sandbox*, which refuses attribute access to Python internals (``__class__``,
+  ``__globals__``...): it cannot run code; only the helpers chat templates use are given (``raise_exception``,
+  ``tojson``, ``strftime_now``, ``namespace``), as ``transformers`` gives them, so the text is byte-identical to
+  its ``apply_chat_template``;
+- each render has a budget of time, size and steps (``sandbox.py``), and whatever a template raises (its own
+  ``raise_exception``, a budget reached, RecursionError, ZeroDivisionError, ...) is one ``LmforgeError`` line
+  naming the template: "chat template of runs/x: ...";
+- message text is text: special-token strings a user writes are encoded as plain text, only the template's own
+  markers are special tokens (``plain_specials.py``; ``encode``).
 
     >>> chatml = "{% for m in messages %}<|im_start|>{{ m['role'] }}\\n{{ m['content'] }}<|im_end|>\\n{% endfor %}"
     >>> ChatTemplate(chatml).render([{"role": "user", "content": "Hi"}])
@@ -27,13 +34,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
+from lmforge.tokenizers.encoding import Encoding
+from lmforge.tokenizers.plain_specials import PlainSpecials
+from lmforge.tokenizers.sandbox import BoundedEnvironment, RenderLimits, TemplateLimit, render_bounded
 
 ROLES = ("system", "user", "assistant", "tool")
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")  # where a folder keeps its template; beside a
+# checksums.json each must be listed in it (lmforge.tokenizers.load_tokenizer, interop.directories.verify_directory)
 Message = dict[str, Any]
 
 
@@ -79,70 +92,155 @@ def messages_line(line: str, where: str, expected: str = 'an object with "messag
     return row
 
 
-class ChatTemplate:
-    """A model's chat template, compiled once in Jinja2's sandbox.
+NO_SPECIALS = PlainSpecials(())  # hides only U+FDD0: a template made without a tokenizer
+PLAIN: ContextVar[PlainSpecials | None] = ContextVar("lmforge_plain_specials", default=None)  # of the render
 
-    tokens: the special tokens templates may name (``bos_token``, ``eos_token``, ...).
+
+class ChatTemplate:
+    """A model's chat template, compiled once in the bounded sandbox (``tokenizers/sandbox.py``).
+
+    tokens: the special tokens templates may name (``bos_token``, ``eos_token``, ...); name: what error messages
+    call the template ("chat template of runs/x"); limits: the budget of each render. ``encode`` keeps the
+    special-token strings of the tokenizer it is given as plain text in message text (``PlainSpecials``).
     """
 
-    def __init__(self, source: str, tokens: dict[str, str | None] | None = None) -> None:
+    def __init__(self, source: str, tokens: dict[str, str | None] | None = None, name: str | None = None,
+                 limits: RenderLimits | None = None) -> None:
         import jinja2
         import jinja2.utils
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        self.source = source
+        self.source, self.limits = source, limits or RenderLimits()
+        self.where = f"chat template of {name}" if name else "chat template"
         self.tokens = {k: v for k, v in (tokens or {}).items() if v is not None}
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = to_json
-        env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, namespace=jinja2.utils.Namespace)
+        self.plains = {(): NO_SPECIALS}  # by the special tokens of a tokenizer (``plain_for``)
+        self.plain = NO_SPECIALS  # what ``render`` hides by default: the tokenizer's, once ``for_tokenizer`` made it
+        env = BoundedEnvironment(filters={"tojson": self.to_json},
+                                 globals={"raise_exception": raise_exception, "strftime_now": strftime_now,
+                                          "namespace": jinja2.utils.Namespace},
+                                 trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         try:
-            self.template = env.from_string(source)
+            self.template = env.compile_bounded(source)
         except jinja2.TemplateSyntaxError as err:
-            raise LmforgeError(f"chat template: syntax error at line {err.lineno}: {err.message}") from None
+            raise LmforgeError(f"{self.where}: syntax error at line {err.lineno}: {err.message}") from None
+        except Exception as err:  # a template file is untrusted input: whatever it does is one line
+            raise self.failure(err) from None
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False, **extra: Any) -> str:
-        """The conversation as text; ``add_generation_prompt`` appends the header of the assistant's turn."""
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, name: str | None = None,
+                      limits: RenderLimits | None = None) -> ChatTemplate:
+        """The template of ``tokenizer.chat_template``, given the tokenizer's role tokens (``bos_token``, ...,
+        as transformers gives its special tokens map)."""
+        roles = {f"{role}_token": token for role, token in tokenizer.roles.items()}
+        template = cls(tokenizer.chat_template, roles, name, limits)
+        template.plain = template.plain_for(tokenizer)
+        return template
+
+    def plain_for(self, tokenizer: Any) -> PlainSpecials:
+        """The ``PlainSpecials`` of ``tokenizer``'s special tokens (built once per set of tokens)."""
+        key = tuple(tokenizer.special_tokens)
+        if key not in self.plains:
+            if len(self.plains) > 8:
+                self.plains = {(): NO_SPECIALS}
+            self.plains[key] = PlainSpecials(key)
+        return self.plains[key]
+
+    def render_marked(self, messages: Sequence[Message], add_generation_prompt: bool = False,
+                      plain: PlainSpecials | None = None, **extra: Any) -> str:
+        """The conversation rendered with the special-token strings of its messages (and of ``extra``) hidden
+        behind ``plain``'s markers: what ``encode`` reads."""
+        chat, plain = check_messages(messages), plain or self.plain
+        token = PLAIN.set(plain)
+        try:
+            context = {"messages": [plain.hide_all(m) for m in chat], "add_generation_prompt": add_generation_prompt,
+                       "tools": None, "documents": None, **self.tokens}
+            context.update(plain.hide_all(extra))
+            return render_bounded(self.template, context, self.limits)
+        except Exception as err:  # a template is untrusted code: whatever it raises is one line
+            raise self.failure(err) from None
+        finally:
+            PLAIN.reset(token)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False, tokenizer: Any = None,
+               **extra: Any) -> str:
+        """The conversation as text (``add_generation_prompt`` appends the header of the assistant's turn):
+        byte-identical to transformers' ``apply_chat_template(..., tokenize=False)``. It is the text of
+        ``encode(tokenizer, ...)`` (default: the tokenizer the template was made for), whose markers a template
+        sees as two characters each: one that slices or measures message text holding special-token strings
+        sees them shorter than transformers' would."""
+        plain = self.plain_for(tokenizer) if tokenizer is not None else self.plain
+        return plain.show(self.render_marked(messages, add_generation_prompt, plain, **extra))
+
+    def encode(self, tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = False,
+               **extra: Any) -> Encoding:
+        """The conversation's tokens: the template's own special tokens are ids, every message's text is plain
+        text (a user's ``<|im_end|>`` is the tokens of those ten characters). Offsets index ``render()``'s text.
+        For text without special-token strings the ids are those of ``tokenizer.encode(render(...),
+        allow_special=True)``: transformers' ``apply_chat_template(..., tokenize=True)``."""
+        plain = self.plain_for(tokenizer)
+        return plain.encode(tokenizer, self.render_marked(messages, add_generation_prompt, plain, **extra))
+
+    def failure(self, err: BaseException) -> LmforgeError:
+        """Whatever a template raised, as one line naming the template (and the line of the template)."""
         import jinja2
 
-        chat = check_messages(messages)
-        try:
-            return self.template.render(messages=chat, add_generation_prompt=add_generation_prompt, tools=None,
-                                        documents=None, **self.tokens, **extra)
-        except jinja2.TemplateError as err:  # raise_exception(...) in the template, an undefined name, ...
-            raise LmforgeError(f"chat template: {err}") from None
-        except (TypeError, ValueError, KeyError, AttributeError) as err:
-            raise LmforgeError(f"chat template: could not render the conversation ({err})") from None
+        if isinstance(err, TemplateLimit | jinja2.TemplateError):
+            what = str(err)
+        elif isinstance(err, RecursionError):
+            what = "recursion too deep (a macro or loop that calls itself without end)"
+        elif isinstance(err, MemoryError):
+            what = "out of memory"
+        else:
+            what = f"could not render the conversation ({type(err).__name__}: {err})"
+        what = " ".join(what.split())
+        what = what if len(what) <= 300 else what[:297] + "..."
+        line = template_line(err)
+        return LmforgeError(f"{self.where}: {what}" + (f" (template line {line})" if line else ""))
 
-    def assistant_spans(self, messages: Sequence[Message]) -> list[tuple[int, int]]:
+    def to_json(self, value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+                sort_keys: bool = False) -> str:
+        """Jinja's ``tojson`` as chat templates expect it (plain JSON, no HTML escaping); special-token strings
+        of the data stay hidden (plain text), even when ``ensure_ascii`` writes them as \\u escapes."""
+        if isinstance(indent, int) and indent > 16:
+            raise TemplateLimit(f"tojson(indent={indent}): at most 16")
+        plain = PLAIN.get() or NO_SPECIALS
+        text = json.dumps(plain.show_all(value), ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+        return plain.hide(text)
+
+    def assistant_spans(self, messages: Sequence[Message], tokenizer: Any = None) -> list[tuple[int, int]]:
         """(start, end) character spans of each assistant message's content and its end-of-turn marker.
 
         The text between the conversation up to a turn rendered *with* the generation prompt and the
         conversation including that turn is what the assistant writes: its content and whatever the template
         closes the turn with (``<|im_end|>``). The newline some templates add after the marker is left out, as
         the model stops at the marker. The prefixes must render as prefixes of the whole text (true of every
-        template that writes turns in order); one that does not is refused.
+        template that writes turns in order); one that does not is refused. The spans index ``render(messages,
+        tokenizer=tokenizer)``: the text whose tokens ``encode(tokenizer, ...)`` gives, with their offsets.
         """
         chat = check_messages(messages)
-        full = self.render(chat)
+        full = self.render(chat, tokenizer=tokenizer)
         spans = []
         for i, m in enumerate(chat):
             if m["role"] != "assistant":
                 continue
-            before = self.render(chat[:i], add_generation_prompt=True) if i else ""
-            through = self.render(chat[: i + 1])
+            before = self.render(chat[:i], True, tokenizer) if i else ""
+            through = self.render(chat[: i + 1], tokenizer=tokenizer)
             if not full.startswith(before) or not full.startswith(through) or not through.startswith(before):
-                raise LmforgeError(f"chat template: turn {i} does not render as a prefix of the whole "
+                raise LmforgeError(f"{self.where}: turn {i} does not render as a prefix of the whole "
                                    "conversation, so the assistant's tokens cannot be located")
             start, end = len(before), len(through.rstrip("\n"))
             spans.append((start, max(end, start)))
         return spans
 
 
-def to_json(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    """Jinja's ``tojson`` as chat templates expect it: plain JSON, no HTML escaping."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def template_line(err: BaseException) -> int | None:
+    """The template line an error was raised at: Jinja rewrites tracebacks to frames of ``<template>``."""
+    tb, line = err.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
 
 
 def raise_exception(message: str) -> None:
@@ -152,6 +250,8 @@ def raise_exception(message: str) -> None:
 
 
 def strftime_now(fmt: str) -> str:
+    if not isinstance(fmt, str) or len(fmt) > 200:
+        raise TemplateLimit("strftime_now: the format is a string of at most 200 characters")
     return datetime.now().strftime(fmt)
 
 

@@ -5,7 +5,8 @@ template's end-of-turn token ends it. Used by ``lmforge chat``, ``generate --cha
     >>> chat(model, tok, [{"role": "user", "content": "What is the capital of France?"}])  # doctest: +SKIP
     'The capital of France is Paris.'
 
-``ChatFormat`` is the model side: the rendered prompt's ids (``prompt_ids``) and the tokens that end the
+``ChatFormat`` is the model side: the rendered prompt's ids (``prompt_ids``: the template's markers are special
+tokens, the messages' text is plain text, so a user's ``<|im_end|>`` forges nothing) and the tokens that end the
 assistant's turn (``stop_ids``: the template's end-of-turn marker, e.g. ``<|im_end|>``, and the model's eos).
 """
 
@@ -17,34 +18,44 @@ from typing import Any
 
 from lmforge.errors import LmforgeError
 from lmforge.tokenizers.chat import ChatTemplate, Message, check_messages, messages_line
+from lmforge.tokenizers.sandbox import RenderLimits
 
 
 class ChatFormat:
-    """A tokenizer with a chat template: conversations -> prompt ids, and the ids that end a reply."""
+    """A tokenizer with a chat template: conversations -> prompt ids, and the ids that end a reply.
 
-    def __init__(self, tokenizer: Any, context: int | None = None) -> None:
+    name: what errors call the template ("chat template of NAME: ..."; the model's folder or file);
+    limits: the budget of each render (``tokenizers.sandbox.RenderLimits``; ``TemplateOptions.limits()``).
+    """
+
+    def __init__(self, tokenizer: Any, context: int | None = None, name: str | None = None,
+                 limits: RenderLimits | None = None) -> None:
         if not tokenizer.chat_template:
             raise LmforgeError("the model has no chat template (tokenizer_config.json's chat_template, "
                                "chat_template.jinja, or a GGUF's tokenizer.chat_template)")
-        roles = tokenizer.roles
         self.tokenizer, self.context = tokenizer, context
-        self.template = ChatTemplate(tokenizer.chat_template, {f"{r}_token": roles.get(r) for r in
-                                                               ("bos", "eos", "unk", "pad")})
+        self.template = ChatTemplate.for_tokenizer(tokenizer, name, limits)
         self.stop_ids = self.end_of_turn()
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The conversation's text (as transformers renders it); its ids are ``conversation_ids``, not
+        ``encode(render(...))``, which would read special-token strings in messages as special tokens."""
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        """Rendered text -> ids: special tokens written by the template become their ids, nothing is added."""
+        """Trusted text (the template's own, a task file's) -> ids: special-token strings become their ids."""
         return self.tokenizer.encode(text, add_special_tokens=False, allow_special=True).ids
+
+    def conversation_ids(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        """The conversation's ids: the template's markers are special tokens, the messages' text plain text."""
+        return self.template.encode(self.tokenizer, messages, add_generation_prompt).ids
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The conversation so far, ready for the assistant's reply; one line when it cannot be served."""
         messages = check_messages(messages)
         if messages[-1]["role"] == "assistant":
             raise LmforgeError("messages: the last message is the assistant's; end with a user turn to get a reply")
-        ids = self.encode(self.render(messages))
+        ids = self.conversation_ids(messages)
         if self.context is not None and len(ids) >= self.context:
             raise LmforgeError(f"messages: the conversation is {len(ids)} tokens, the model's context "
                                f"{self.context}: shorten it (or /reset)")
@@ -65,11 +76,12 @@ class ChatFormat:
         return self.tokenizer.decode([i for i in ids if i not in self.stop_ids], skip_special_tokens=True)
 
 
-def chat_format(folder: str | Path, tokenizer: Any, model: Any) -> ChatFormat | None:
+def chat_format(folder: str | Path, tokenizer: Any, model: Any,
+                limits: RenderLimits | None = None) -> ChatFormat | None:
     """The model's ChatFormat, or None when it has no chat template (the server then serves completions only)."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
-    return ChatFormat(tokenizer, getattr(model.config, "max_positions", None))
+    return ChatFormat(tokenizer, getattr(model.config, "max_positions", None), str(folder), limits)
 
 
 def reply(model: Any, fmt: ChatFormat, messages: Sequence[Message], options: Any = None) -> Iterator[int]:

@@ -6,6 +6,7 @@
     EvaluateOptions  lmforge evaluate
     EmbedOptions     lmforge embed
     AttentionOptions lmforge attention
+    TemplateOptions  the budget of a chat template's rendering (lmforge chat, lmforge serve)
     TranslateOptions lmforge translate (beside generation.options.DecodeOptions)
     DemoOptions      lmforge demo
 
@@ -16,7 +17,7 @@ a line of ``--print-config``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lmforge.errors import LmforgeError
 from lmforge.schema import setting
@@ -148,6 +149,24 @@ class ChatOptions:
 
     system: str | None = setting(None, "a system message opening the conversation (default: the template's own)",
                                  metavar="TEXT")
+
+
+@dataclass
+class TemplateOptions:
+    """The budget of one rendering of a model's chat template (code that comes with the model files):
+    ``lmforge chat`` and ``lmforge serve``. Steps (1,000,000) and all that one render builds (16 x the size
+    limit) are bounded too (tokenizers/sandbox.py)."""
+
+    template_seconds: float = setting(2.0, "a chat template rendering longer than this is stopped (one line; "
+                                           "a 400 from the server)", above=0, metavar="S")
+    template_chars: int = setting(1_000_000, "largest text a chat template may render (or build at once)",
+                                  min=1_000, metavar="N")
+
+    def limits(self) -> Any:
+        """As ``tokenizers.sandbox.RenderLimits`` (imported here, on use: the command line starts without it)."""
+        from lmforge.tokenizers.sandbox import RenderLimits
+
+        return RenderLimits(self.template_seconds, self.template_chars)
 
 
 @dataclass

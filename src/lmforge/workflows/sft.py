@@ -123,7 +123,7 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     base_sha256 = weights_sha256(Path(args.model))  # the weights about to be read: what an adapter records
     model, tok = load_decoder(args.model)
     added = give_chat_format(model, tok)
-    template = ChatTemplate(tok.chat_template, {f"{r}_token": tok.roles.get(r) for r in ("bos", "eos")})
+    template = ChatTemplate.for_tokenizer(tok, str(args.model))  # the template, tokens and budget chat uses
     max_len = min(args.max_len, model.config.max_positions)
     train_ex = encode_all(template, tok, args.train, args.limit, max_len)
     eval_ex = encode_all(template, tok, args.eval, 0, max_len) if args.eval else []
