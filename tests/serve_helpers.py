@@ -23,11 +23,12 @@ TEXT = ("the cat sat on the mat and the dog slept under the tree; what is the ca
         "hello there, how are you today? fine thanks, and you? ") * 4
 
 
-def chat_model(folder: Path, max_positions: int = 256) -> Path:
-    """A small Llama-shaped decoder with a ChatML template, weights sharp enough that greedy never ties."""
+def chat_model(folder: Path, max_positions: int = 256, template: str = CHATML) -> Path:
+    """A small Llama-shaped decoder with a ChatML template (or ``template``), weights sharp enough that greedy
+    never ties."""
     tok = ByteLevelBPETokenizer.train([TEXT], 360, 1, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tok.set_role("eos", "<|im_end|>")
-    tok.chat_template = CHATML
+    tok.chat_template = template
     tok.specials_in_text = True
     g = torch.Generator().manual_seed(0)
     config = DecoderConfig(vocab_size=tok.vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,

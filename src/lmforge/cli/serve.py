@@ -18,9 +18,10 @@ import sys
 
 from lmforge.cli.common import Settings, add_quiet, add_settings
 from lmforge.schema import Recipe
-from lmforge.workflows.options import Runtime, ServeOptions
+from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions
 
-SETTINGS = Settings(Recipe({"serve": ServeOptions, "runtime": Runtime}), flags=("serve", "runtime"))
+SETTINGS = Settings(Recipe({"serve": ServeOptions, "runtime": Runtime, "template": TemplateOptions}),
+                    flags=("serve", "runtime", "template"))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -34,7 +35,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from lmforge.workflows.serving import ModelService
 
     options: ServeOptions = args.settings["serve"]
-    service = ModelService.open(args.model, options, args.settings["runtime"], engine_thread=False)  # run() steps it
+    service = ModelService.open(args.model, options, args.settings["runtime"], engine_thread=False,  # run() steps it
+                                template=args.settings["template"])
     stopped = run(service, options)
     if stopped is not None:
         print(f"lmforge serve: stopped by {signal.Signals(stopped).name} after the requests in flight",

@@ -31,7 +31,7 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.generation.calls import compile_mode
 from lmforge.generation.engine import Engine, Generation, Request
-from lmforge.workflows.options import Runtime, ServeOptions
+from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ATTENTION_WEIGHTS = 4_000_000  # layers x heads x tokens² numbers an attention page holds at most (~12 MB of JSON)
@@ -110,9 +110,9 @@ class ModelService:
 
     @classmethod
     def open(cls, path: str | Path, options: ServeOptions, runtime: Runtime | None = None,
-             engine_thread: bool = True) -> ModelService:
+             engine_thread: bool = True, template: TemplateOptions | None = None) -> ModelService:
         """Load a model directory (verified like every other read) for serving; ``engine_thread=False``: the
-        caller steps the engine itself (``service.engine.run``)."""
+        caller steps the engine itself (``service.engine.run``); ``template``: its chat template's budget."""
         from lmforge.interop.directories import load, load_finetuned
         from lmforge.workflows.chat import chat_format
 
@@ -127,7 +127,8 @@ class ModelService:
             raise LmforgeError(f"--model: {folder} has no tokenizer; the server reads and writes text")
         model = model.to(DTYPES[options.dtype]).eval()
         name = folder.resolve().stem if folder.is_file() else folder.resolve().name  # a GGUF file: without .gguf
-        return cls(model, tokenizer, name, options, chat_format(folder, tokenizer, model), info, engine_thread)
+        fmt = chat_format(folder, tokenizer, model, (template or TemplateOptions()).limits())
+        return cls(model, tokenizer, name, options, fmt, info, engine_thread)
 
     # -- capabilities ---------------------------------------------------------------------------------------
     def can(self, endpoint: str) -> str | None:
@@ -249,7 +250,7 @@ class ModelService:
         from lmforge.workflows.inspect import attention_maps
 
         self.check_characters(sum(len(m["content"]) for m in messages), "messages")
-        ids = self.chat_format.encode(self.chat_format.render(messages, add_generation_prompt=False))
+        ids = self.chat_format.conversation_ids(messages, add_generation_prompt=False)
         keep = self.attention_tokens()
         if not self.model_lock.acquire(blocking=False):
             raise Busy("an attention page is being made; retry shortly")
