@@ -53,7 +53,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.chat is not None:  # one question through the model's chat template; the reply streams
         from lmforge.workflows.chat import ChatFormat, reply
 
-        fmt = ChatFormat(tokenizer, config.max_positions)
+        fmt = ChatFormat(tokenizer, config.max_positions, args.model)
         ids, shown = [], ""
         for token in reply(model, fmt, [{"role": "user", "content": args.chat}], opts):
             ids.append(token)

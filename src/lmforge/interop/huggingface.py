@@ -38,7 +38,7 @@ from lmforge.models.registry import (
 
 SUPPORTED = {**bert.ARCHITECTURES, **gpt2.ARCHITECTURES, "LlamaForCausalLM": "Decoder"}  # HF -> lmforge
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                      "vocab.json", "merges.txt")
+                      "vocab.json", "merges.txt", "chat_template.jinja")
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
