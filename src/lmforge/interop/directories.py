@@ -77,7 +77,8 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
         from lmforge.interop.gguf import load_gguf
         from lmforge.train.logs import info
 
-        info(f"{folder}: a GGUF file carries no checksums; every size it declares is checked against the file and the model it describes")
+        info(f"{folder}: a GGUF file carries no checksums; every size it declares is checked against the file "
+             "and the model it describes")
         model, tok = load_gguf(folder)
         return (model.to(device) if device is not None else model), (tok if tokenizer else None)
     if not folder.is_dir():
