@@ -197,12 +197,12 @@ def test_ctrl_c_stops_a_reply_and_ctrl_c_at_the_prompt_ends(tiny, monkeypatch, c
     words = [tok.encode(w, add_special_tokens=False).ids[0] for w in (" the", " cat", " sat", " dog")]
     seen = []
 
-    def reply(model, fmt, history, options):
+    def reply(lm, history, options):
         seen.append([dict(m) for m in history])
-        yield from words[:3]
+        yield from ((w, tok.decode([w])) for w in words[:3])
         if len(seen) == 1:
             raise KeyboardInterrupt
-        yield fmt.stop_ids[0]
+        yield lm.chat_format.stop_ids[0], ""
 
     answers = iter(["hello", "again"])
 

@@ -104,7 +104,7 @@ def test_two_threads_a_request_alone_and_beside_15_others_gets_the_same_logits(l
     try:
         work = prompts(16, seed=9)
         engine = Engine(model, slots=16)
-        assert engine.packed == (dtype == torch.float32)
+        assert engine.runner.packed == (dtype == torch.float32)
         handles = [engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True)) for ids in work]
         engine.run()
         for ids, g in zip(work, handles, strict=True):
@@ -126,21 +126,23 @@ def test_a_request_moved_into_a_freed_slot_keeps_every_logit_and_steps_stop_comp
     work = prompts(6, seed=11)
     engine = Engine(model, slots=8)
     rows: list[int] = []
-    forward = engine.forward
-    engine.forward = lambda tokens, lengths, sources: rows.append(len(lengths)) or forward(tokens, lengths, sources)
+    step = engine.runner.step
+    engine.runner.step = lambda tokens, lengths, sources, rows_=None: rows.append(len(lengths)) or step(
+        tokens, lengths, sources, rows_)
     for ids in work[:5]:
         engine.submit(Request(ids, max_new_tokens=2, stop_ids=[]))
     moved = engine.submit(Request(work[5], max_new_tokens=12, stop_ids=[], keep_logits=True))
     engine.step()
-    assert engine.slots[5].generation is moved
+    assert engine.scheduler.slots[5].generation is moved
     engine.run()
     lone = Engine(model, slots=8)
     one = lone.submit(Request(work[5], max_new_tokens=12, stop_ids=[], keep_logits=True))
     lone.run()
     assert moved.tokens == one.tokens
     assert all(torch.equal(a, b) for a, b in zip(one.logits, moved.logits, strict=True))
-    rows_each = 1 if engine.packed else MIN_ROWS  # eager rows: exact when packed, else multiples of 4
-    assert rows[0] == (6 if engine.packed else 8) and rows[-9:] == [rows_each] * 9, rows
+    packed = getattr(engine.runner, "packed", False)
+    rows_each = 1 if packed else MIN_ROWS  # eager rows: exact when packed, else multiples of 4
+    assert rows[0] == (6 if packed else 8) and rows[-9:] == [rows_each] * 9, rows
 
 
 def _padded(work):
@@ -219,17 +221,19 @@ def test_eager_buckets_are_fine_compiled_ones_few(llama):
     """Eager on CPU with float32 weights steps exactly its active rows (packed products: calls.py); other eager
     engines every multiple of MIN_ROWS; prompts to a multiple of 8, columns to a multiple of 32; compiled keeps
     powers of two (one graph each)."""
-    eager = Engine(llama, slots=16, capacity=128, compile=False)
+    eager = Engine(llama, slots=16, capacity=128, compile=False).runner
     assert eager.packed and eager.row_buckets == list(range(1, 17)) and eager.n_slots == 16
     assert bucket(37, eager.prompt_buckets) == 40 and bucket(9, eager.row_buckets) == 9
     assert eager.capacity_buckets == [32, 64, 96, 128]
     half = Decoder(llama.config).to(torch.bfloat16).eval()  # no packed bf16 products on CPU: multiples of 4
-    assert not Engine(half, slots=8, capacity=128).packed
-    assert Engine(half, slots=8, capacity=128).row_buckets == [4, 8]
-    assert Engine(half, slots=10, capacity=128).row_buckets == [4, 8, 12]  # rounded up to a multiple of 4
-    compiled = Engine(llama, slots=16, capacity=128, compile=True)  # nothing is compiled before its first call
+    assert not Engine(half, slots=8, capacity=128).runner.packed
+    assert Engine(half, slots=8, capacity=128).runner.row_buckets == [4, 8]
+    assert Engine(half, slots=10, capacity=128).runner.row_buckets == [4, 8, 12]  # rounded up to a multiple of 4
+    compiled = Engine(llama, slots=16, capacity=128, runner="compiled").runner  # compiled at a bucket's first call
     assert compiled.row_buckets == [4, 8, 16] and bucket(37, compiled.prompt_buckets) == 64
     assert bucket(5, compiled.row_buckets) == 8 and compiled.capacity_buckets == [64, 128]
+    reference = Engine(llama, slots=6, capacity=128, runner="eager").runner  # the plain reference: exact rows
+    assert reference.row_buckets == list(range(1, 7)) and reference.name == "eager"
 
 
 def test_unmerged_lora_is_not_packed(llama):
@@ -241,16 +245,16 @@ def test_unmerged_lora_is_not_packed(llama):
 
     tuned = copy.deepcopy(llama)
     inject_lora(tuned, r=2)
-    engine = Engine(tuned.eval(), slots=8)
-    assert not engine.packed and engine.row_buckets == [4, 8]
+    runner = Engine(tuned.eval(), slots=8).runner
+    assert not runner.packed and runner.row_buckets == [4, 8]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_packed_products_give_a_row_the_same_bits_beside_any_number_of_rows(threads):
-    """What batched == alone rests on: a row of a packed product has the same bits for every row count from 1 to
-    40 (an engine's steps) and 64, on 1 and 2 threads (the server's), with and without bias, on SmolLM2's shapes;
-    and it is F.linear's value to float rounding."""
-    from lmforge.nn.linear import Linear, packed_products
+    """What batched == alone rests on: a row of a packed product (runners/cpu.py) has the same bits for every row
+    count from 1 to 40 (an engine's steps) and 64, on 1 and 2 threads (the server's), with and without bias, on
+    SmolLM2's shapes; and it is F.linear's value to float rounding."""
+    from lmforge.generation.runners.cpu import PackedProducts
 
     before = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
@@ -258,14 +262,14 @@ def test_packed_products_give_a_row_the_same_bits_beside_any_number_of_rows(thre
         for d_in, d_out in ((576, 960), (1536, 576), (576, 3072), (64, 300)):
             x = torch.randn(64, d_in, generator=g)
             for bias in (False, True):
-                layer = Linear(d_in, d_out, bias=bias)
+                layer = torch.nn.Linear(d_in, d_out, bias=bias)
                 torch.nn.init.normal_(layer.weight, std=d_in ** -0.5, generator=g)
                 if bias:
                     torch.nn.init.normal_(layer.bias, generator=g)
                 with torch.no_grad():
                     full = torch.nn.functional.linear(x, layer.weight, layer.bias)
                     torch.set_num_threads(threads)
-                    with packed_products():
+                    with PackedProducts(layer).attached():
                         rows = [layer(x[:n]) for n in [*range(1, 41), 64]]
                     torch.set_num_threads(before)
                 for got in rows:
@@ -275,50 +279,51 @@ def test_packed_products_give_a_row_the_same_bits_beside_any_number_of_rows(thre
         torch.set_num_threads(before)
 
 
-def test_packed_products_hold_for_their_own_thread_and_every_projection_of_a_decoder(monkeypatch):
-    """The switch is per thread (a server's engine thread sets it; the event loop's encoders do not see it), it
-    reaches every projection of a decoder (attention, feed-forward, the LM head), and not with autograd on."""
-    import threading
+def test_packed_products_reach_every_projection_for_the_runners_calls_only(monkeypatch):
+    """Attached for a call, the packed products reach every projection of a decoder (attention, feed-forward, the
+    LM head), never with autograd on; after it, the model's layers are plain ``nn.Linear`` again."""
+    from lmforge.generation.runners import cpu
 
-    from lmforge.nn import linear
-
-    calls = []
-    real = linear.packed_weight
-    monkeypatch.setattr(linear, "packed_weight", lambda layer: calls.append(tuple(layer.weight.shape)) or real(layer))
+    calls, packed = [], []
+    real, real_product = cpu.packed_weight, cpu.packed_product
+    monkeypatch.setattr(cpu, "packed_weight", lambda layer: calls.append(tuple(layer.weight.shape)) or real(layer))
+    monkeypatch.setattr(cpu, "packed_product", lambda x, w, b: packed.append(1) or real_product(x, w, b))
     model = Decoder(get_preset("gpt-tiny")).eval()
     ids = torch.tensor([[1, 2, 3]])
-    seen = []
-    with linear.packed_products():
-        other = threading.Thread(target=lambda: seen.append(linear.PACKED.get()))
-        other.start()
-        other.join()
+    products = cpu.PackedProducts(model)
+    with products.attached():
         with torch.no_grad():
-            model(ids)
+            inside = model(ids).logits
         model(ids)  # autograd recording: F.linear
-    assert seen == [False]
     layers = len(model.layers)
     assert len(calls) == 4 * layers + 1 and calls[-1][0] == model.config.embedding_rows
+    assert len(packed) == 4 * layers + 1  # the no-grad call only
+    assert all("forward" not in m.__dict__ and "packed" not in m.__dict__ for m in model.modules())
     with torch.no_grad():
-        model(ids)
-    assert len(calls) == 4 * layers + 1  # outside the block: F.linear
+        torch.testing.assert_close(model(ids).logits, inside, atol=1e-5, rtol=0)  # F.linear, to rounding
+    assert len(packed) == 4 * layers + 1  # outside the block: F.linear
 
 
 def test_a_changed_weight_is_packed_again():
     """An optimizer step or a load_state_dict between two engine calls: the next packed product uses the new
     weight, not the copy packed before."""
-    from lmforge.nn.linear import Linear, packed_products
+    from lmforge.generation.runners.cpu import PackedProducts
 
-    layer = Linear(32, 16)
+    layer = torch.nn.Linear(32, 16)
     x = torch.randn(5, 32)
-    with torch.no_grad(), packed_products():
-        first = layer(x)
+    with torch.no_grad():
+        with PackedProducts(layer).attached():
+            first = layer(x)
         layer.weight.mul_(2.0)  # in place, as an optimizer does
-        doubled = layer(x)
+        with PackedProducts(layer).attached():
+            doubled = layer(x)
         expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
         layer.load_state_dict({"weight": torch.zeros(16, 32), "bias": torch.ones(16)})
-        loaded = layer(x)
+        with PackedProducts(layer).attached():
+            loaded = layer(x)
         layer.weight = torch.nn.Parameter(torch.eye(16, 32))  # another tensor (it may reuse the old one's memory)
-        assigned = layer(x)
+        with PackedProducts(layer).attached():
+            assigned = layer(x)
     assert not torch.equal(doubled, first)
     torch.testing.assert_close(assigned, x[:, :16] + 1, atol=1e-6, rtol=0)
     torch.testing.assert_close(doubled, expected, atol=1e-5, rtol=1e-5)
@@ -332,8 +337,9 @@ def test_one_graph_per_bucket_whatever_the_mix(llama):
     (fullgraph=True would raise)."""
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]
-    engine = Engine(llama, slots=8, capacity=128, compile=True)
+    engine = Engine(llama, slots=8, capacity=128, runner="compiled")
     eager = Engine(llama, slots=8, capacity=128)
+    buckets_of = engine.runner
     mixes = [  # (prompt lengths, max_new_tokens, temperature, top_k, top_p, repetition_penalty)
         ([3, 5, 9], 6, 0.0, None, None, 1.0),
         ([4, 7], 9, 0.8, 20, None, 1.0),
@@ -349,9 +355,9 @@ def test_one_graph_per_bucket_whatever_the_mix(llama):
         engine.run()
         eager.run()
         assert [g.tokens for g in fast] == [g.tokens for g in slow]  # compiled == eager, sampled rows too
-        used_prefill |= {bucket(p, engine.prompt_buckets) for p in lengths}
-        rows = bucket(len(lengths), engine.row_buckets)
-        used_step |= {(rows, bucket(p + t + 1, engine.capacity_buckets)) for p in lengths for t in range(n - 1)}
+        used_prefill |= {bucket(p, buckets_of.prompt_buckets) for p in lengths}
+        rows = bucket(len(lengths), buckets_of.row_buckets)
+        used_step |= {(rows, bucket(p + t + 1, buckets_of.capacity_buckets)) for p in lengths for t in range(n - 1)}
     graphs = counters["stats"]["unique_graphs"] - before
     assert len(used_prefill) == 1 and len(used_step) == 2  # all prompts < 16 tokens; rows 4 then 8; capacity 128
     assert graphs == len(used_prefill) + len(used_step)
@@ -362,12 +368,12 @@ def test_warmup_compiles_every_graph_before_the_first_request(llama):
     """What a server does at start on a GPU: every graph compiled first, then requests of any mix compile none,
     get the eager tokens, and find the caches as new (the warm-up's pad tokens zeroed)."""
     torch._dynamo.reset()
-    engine = Engine(llama, slots=4, capacity=32, compile=True)
+    engine = Engine(llama, slots=4, capacity=32, runner="compiled")
     before = counters["stats"]["unique_graphs"]
     assert engine.warmup() == 3  # prefill at 16 and 32 columns; one step of 4 rows over 32 columns
     warmed = counters["stats"]["unique_graphs"]
     assert warmed - before == 3
-    assert not any(kv.k.any() or kv.v.any() for kv in engine.caches.all())
+    assert not any(kv.k.any() or kv.v.any() for kv in engine.runner.caches.all())
     eager = Engine(llama, slots=4, capacity=32)
     assert eager.warmup() == 0  # nothing to compile
     requests = [Request(list(range(3, 3 + p)), max_new_tokens=n, stop_ids=[]) for p, n in ((3, 5), (20, 8), (9, 12))]
@@ -379,24 +385,22 @@ def test_warmup_compiles_every_graph_before_the_first_request(llama):
 
 
 def test_one_dynamic_step_graph_serves_every_batch_and_keeps_a_rows_bits(llama, s2s):
-    """compile="dynamic" (``lmforge serve --compile`` on CPU): the warm-up compiles one step graph, which then serves
-    1 to 16 requests at any length; on 2 threads every logit of a request decoded beside 15 others equals the one
-    it gets alone, and the tokens are the eager engine's."""
-    from lmforge.generation.calls import compile_mode
-
-    assert compile_mode(llama, True) == "dynamic" and compile_mode(llama, None) is None
-    assert compile_mode(s2s, True) is True  # encoder-decoders keep a graph per bucket
-    with pytest.raises(LmforgeError, match="float32 decoders on CPU"):
-        Engine(s2s, slots=4, compile="dynamic")
+    """compile=True on CPU for a float32 decoder (``lmforge serve --compile``, ``generate --compile``): the warm-up
+    compiles one step graph, which then serves 1 to 16 requests at any length; on 2 threads every logit of a
+    request decoded beside 15 others equals the one it gets alone, and the tokens are the eager engine's."""
+    assert Engine(llama, slots=4, compile=True).runner.dynamic and not Engine(llama, slots=4).runner.dynamic
+    assert Engine(s2s, slots=4, compile=True).runner.name == "compiled"  # encoder-decoders: a graph per bucket
+    with pytest.raises(LmforgeError, match="float32 decoders"):
+        Engine(s2s, slots=4, compile=True, runner="cpu")
     torch._dynamo.reset()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        engine = Engine(llama, slots=16, capacity=128, compile="dynamic")
-        assert engine.row_buckets == list(range(2, 17)) and engine.prefix is None
+        engine = Engine(llama, slots=16, capacity=128, compile=True, prefix_blocks=8)
+        assert engine.runner.row_buckets == list(range(2, 17)) and engine.runner.prefix is None
         graphs = counters["stats"]["unique_graphs"]
         assert engine.warmup() == 1 and counters["stats"]["unique_graphs"] - graphs == 1
-        assert not any(kv.k.any() for kv in engine.caches.all())
+        assert not any(kv.k.any() for kv in engine.runner.caches.all())
         work = prompts(16, seed=9)
         together = [engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True)) for ids in work]
         engine.run()
@@ -414,16 +418,21 @@ def test_one_dynamic_step_graph_serves_every_batch_and_keeps_a_rows_bits(llama, 
         torch.set_num_threads(before)
 
 
-def test_generate_and_beams_reuse_the_engine_and_its_graphs(gpt):
+def test_an_lm_reuses_its_engine_and_its_graphs(gpt):
+    """One ``LM`` for many calls: its engine (and a compiled runner's graphs) serves them all while they fit; beam
+    search runs on the same runner and gives the eager beams."""
+    from lmforge.generation.lm import LM
+
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]
-    ids = torch.tensor([[5, 17, 42, 7]])
-    first = generate(gpt, ids, max_new_tokens=10, compile=True, stop_ids=[]).tokens
+    lm = LM(gpt, runner="compiled")
+    first = lm.generate([[5, 17, 42, 7]], max_new_tokens=10, stop_ids=[])[0].tokens
+    engine = lm.engine
     for n in (4, 7, 10):  # other output lengths, another prompt length in the same bucket: no new graph
-        assert generate(gpt, ids, max_new_tokens=n, compile=True, stop_ids=[]).tokens.tolist()[0] == \
-            first.tolist()[0][:n]
-    generate(gpt, torch.tensor([[5, 17, 42, 7, 8, 9]]), max_new_tokens=10, compile=True, stop_ids=[])
-    assert counters["stats"]["unique_graphs"] - before == 2  # one prefill, one step
+        assert lm.generate([[5, 17, 42, 7]], max_new_tokens=n, stop_ids=[])[0].tokens == first[:n]
+    lm.generate([[5, 17, 42, 7, 8, 9]], max_new_tokens=10, stop_ids=[])
+    assert lm.engine is engine and counters["stats"]["unique_graphs"] - before == 2  # one prefill, one step
+    ids = torch.tensor([[5, 17, 42, 7]])
     beams = generate(gpt, ids, max_new_tokens=10, beams=3, compile=True, stop_ids=[])
     assert beams.tokens.tolist() == generate(gpt, ids, max_new_tokens=10, beams=3, stop_ids=[]).tokens.tolist()
 
@@ -459,12 +468,12 @@ def test_one_steps_arrivals_are_prefilled_together_and_each_gets_what_it_gets_al
                 dict(max_new_tokens=8, stop_ids=[], temperature=0.9, top_k=20, seed=k) for k in range(12)]
     engine = Engine(model, slots=16)
     calls = []
-    prefill = engine.prefill
-    engine.prefill = lambda slots, ids, start=0: calls.append(len(slots)) or prefill(slots, ids, start)
+    prefill = engine.runner.prefill
+    engine.runner.prefill = lambda slots, ids, start=0: calls.append(len(slots)) or prefill(slots, ids, start)
     handles = [engine.submit(Request(ids, **s)) for ids, s in zip(work, settings, strict=True)]
     engine.run()
-    widths = {bucket(len(ids), engine.prompt_buckets) for ids in work}
-    assert sorted(calls) == sorted(sum(bucket(len(ids), engine.prompt_buckets) == w for ids in work)
+    widths = {bucket(len(ids), engine.runner.prompt_buckets) for ids in work}
+    assert sorted(calls) == sorted(sum(bucket(len(ids), engine.runner.prompt_buckets) == w for ids in work)
                                    for w in widths) and len(calls) == len(widths) < len(work)
     assert [g.tokens for g in handles] == [alone(model, ids, **s) for ids, s in zip(work, settings, strict=True)]
 
@@ -472,16 +481,45 @@ def test_one_steps_arrivals_are_prefilled_together_and_each_gets_what_it_gets_al
 def test_a_failing_prefill_in_a_group_ends_only_its_own_request(gpt):
     """The group is retried one by one: the request whose prefill fails ends with "error", the others answer."""
     engine = Engine(gpt, slots=8)
-    prefill = engine.prefill
+    prefill = engine.runner.prefill
 
     def failing(slots, ids, start=0):
         if any(row[0] == 66 for row in ids):
             raise RuntimeError("bad prompt")
         return prefill(slots, ids, start)
 
-    engine.prefill = failing
+    engine.runner.prefill = failing
     work = [[5, 6, 7], [66, 6, 7], [9, 6, 7]]
     handles = [engine.submit(Request(ids, max_new_tokens=4, stop_ids=[])) for ids in work]
     engine.run()
     assert [g.finish_reason for g in handles] == ["length", "error", "length"]
     assert "bad prompt" in handles[1].error and handles[0].tokens == alone(gpt, work[0], max_new_tokens=4, stop_ids=[])
+
+
+def test_a_failing_step_or_callback_ends_only_its_own_request(gpt):
+    """A step that fails for one request (injected: whenever its row is in the step, from its third token on) is
+    retried one request at a time: that request ends with "error", the others go on with the tokens they get
+    alone. A request whose own callback raises ends with "error" too, alone."""
+    engine = Engine(gpt, slots=8)
+    work = [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    late = []
+    handles = [engine.submit(Request(work[0], max_new_tokens=10, stop_ids=[])),
+               engine.submit(Request(work[1], max_new_tokens=10, stop_ids=[])),
+               engine.submit(Request(work[2], max_new_tokens=10, stop_ids=[],
+                                     on_token=lambda t: late.append(t) or (len(late) == 2 and 1 / 0)))]
+    poisoned = handles[1]
+    step = engine.runner.step
+
+    def failing(tokens, lengths, sources, rows=None):
+        held = [engine.scheduler.slots[i] for i in (rows if rows is not None else range(len(lengths)))]
+        if len(poisoned.tokens) >= 3 and any(s is not None and s.generation is poisoned for s in held):
+            raise RuntimeError("a bad row")
+        return step(tokens, lengths, sources, rows)
+
+    engine.runner.step = failing
+    engine.run()
+    assert [g.finish_reason for g in handles] == ["length", "error", "error"]
+    assert "a bad row" in poisoned.error and len(poisoned.tokens) == 3
+    assert "ZeroDivisionError" in handles[2].error and handles[2].ended.is_set()
+    assert handles[0].tokens == alone(gpt, work[0], max_new_tokens=10, stop_ids=[])
+    assert engine.idle()

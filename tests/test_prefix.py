@@ -47,9 +47,9 @@ def test_a_continued_prefill_gives_the_bits_of_the_whole_prompt(llama, threads):
         first, second = questions(2)
         cached = Engine(llama, slots=4, prefix_blocks=8)
         run(cached, [first])
-        assert cached.prefix.longest(second) == 2 * BLOCK and cached.prefix.hits == 0
+        assert cached.runner.prefix.longest(second) == 2 * BLOCK and cached.runner.prefix.hits == 0
         reused = run(cached, [second])[0]
-        assert cached.prefix.hits == 2 * BLOCK  # the second prompt's first 2 x BLOCK tokens were not computed
+        assert cached.runner.prefix.hits == 2 * BLOCK  # the second prompt's first 2 x BLOCK tokens were not computed
         plain = run(Engine(llama, slots=4), [second])[0]
         assert reused.tokens == plain.tokens
         assert all(torch.equal(a, b) for a, b in zip(reused.logits, plain.logits, strict=True))
@@ -66,7 +66,7 @@ def test_sixteen_questions_with_one_system_turn_answer_as_they_do_alone(llama):
     engine.step()  # the first wave is prefilled (and its blocks kept) before the rest arrives
     rest = [engine.submit(Request(ids, max_new_tokens=10, stop_ids=[])) for ids in work[4:]]
     engine.run()
-    assert engine.prefix.hits >= 12 * 2 * BLOCK
+    assert engine.runner.prefix.hits >= 12 * 2 * BLOCK
     for ids, g in zip(work, first + rest, strict=True):
         assert g.tokens == run(Engine(llama, slots=16), [ids], 10)[0].tokens
 
@@ -75,16 +75,16 @@ def test_blocks_are_kept_up_to_the_capacity_least_recently_used_first(llama):
     engine = Engine(llama, slots=4, prefix_blocks=2)
     long = list(range(20, 20 + 3 * BLOCK + 1))  # three whole blocks
     run(engine, [long], 1)
-    assert len(engine.prefix.blocks) == 2  # block 0 was dropped first: the chain from the start is broken
-    assert engine.prefix.longest(long) == 0
+    assert len(engine.runner.prefix.blocks) == 2  # block 0 was dropped first: the chain from the start is broken
+    assert engine.runner.prefix.longest(long) == 0
     run(engine, [long[: BLOCK + 3]], 1)  # block 0 again (evicts the least recently used)
-    assert engine.prefix.longest(long[: BLOCK + 5]) == BLOCK
-    assert engine.prefix.longest(long[:BLOCK]) == 0  # never the whole prompt: its last token is computed
+    assert engine.runner.prefix.longest(long[: BLOCK + 5]) == BLOCK
+    assert engine.runner.prefix.longest(long[:BLOCK]) == 0  # never the whole prompt: its last token is computed
 
 
 def test_compiled_engines_and_engines_without_blocks_keep_no_prefix(llama):
-    assert Engine(llama, slots=4, prefix_blocks=8, compile=True).prefix is None
-    assert Engine(llama, slots=4).prefix is None
+    assert Engine(llama, slots=4, prefix_blocks=8, runner="compiled").runner.prefix is None
+    assert Engine(llama, slots=4).runner.prefix is None
 
 
 def test_a_block_dropped_between_grouping_and_prefill_costs_time_not_answers(llama):

@@ -120,7 +120,7 @@ def test_compile_on_cpu_makes_one_graph_before_listening_and_answers_as_the_eage
     eager = [client(url).chat.completions.create(model=MODEL, messages=q, temperature=0, max_tokens=10)
              .choices[0].message.content for q in questions]
     with live_server(model_dir, slots=8, compile=True) as (compiled_url, service):
-        assert service.engine.engine.dynamic and service.warmup[0] == 1
+        assert service.engine.engine.runner.dynamic and service.warmup[0] == 1
         assert concurrently(compiled_url, questions, 10) == eager
 
 
@@ -219,7 +219,7 @@ def test_api_key_queue_limit_and_body_limit(model_dir):
 
 def test_a_model_error_fails_that_request_only(server, monkeypatch):
     url, service = server
-    engine = service.engine.engine
+    engine = service.engine.engine.runner
     real = engine.prefill
 
     def broken(slots, prompts, start=0):  # a one-token prompt breaks the model
@@ -279,7 +279,7 @@ def test_a_port_in_use_is_one_clear_line(model_dir):
         done = subprocess.run([sys.executable, "-m", "lmforge.cli", "serve", "--model", str(model_dir), "--port",
                                str(port), "--threads", "1"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    lines = [line for line in done.stderr.splitlines() if line.startswith("lmforge")]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("lmforge: error")]
     assert lines == [f"lmforge: error: --host 127.0.0.1 --port {port}: the server could not listen (is the port "
                      "in use?)"]
     assert "Traceback" not in done.stderr

@@ -166,6 +166,31 @@ def test_attention_pages_run_one_at_a_time_and_a_failed_one_leaves_chat_working(
     assert requests.post(f"{url}/v1/attention", json=body, timeout=60).status_code == 200
 
 
+def test_a_failing_step_ends_only_its_request_with_a_500(server, monkeypatch):
+    """The batched decode step fails whenever one request's row is in it (a model bug that one input triggers):
+    that request gets its 500, a request decoding beside it finishes with the answer it gets alone."""
+    url, service = server
+    engine = service.engine.engine
+    step = engine.runner.step
+
+    def failing(tokens, lengths, sources, rows=None):
+        held = [engine.scheduler.slots[i] for i in (rows if rows is not None else range(len(lengths)))]
+        if any(s is not None and s.request.ids[-1] == service.prompt_ids(" zebra")[-1] for s in held):
+            raise RuntimeError("a bad row")
+        return step(tokens, lengths, sources, rows)
+
+    alone = client(url).completions.create(model=MODEL, prompt="the cat", max_tokens=40, temperature=0)
+    monkeypatch.setattr(engine.runner, "step", failing)
+    answers: dict[str, object] = {}
+    bad = threading.Thread(target=lambda: answers.setdefault("bad", requests.post(
+        f"{url}/v1/completions", json={"prompt": "the zebra", "max_tokens": 40}, timeout=60)))
+    bad.start()
+    good = client(url).completions.create(model=MODEL, prompt="the cat", max_tokens=40, temperature=0)
+    bad.join(60)
+    assert answers["bad"].status_code == 500 and "a bad row" in error_of(answers["bad"])["message"]
+    assert good.choices[0].text == alone.choices[0].text
+
+
 # -- 3. bodies counted as they are read ------------------------------------------------------------------------------
 def test_a_chunked_body_over_the_limit_is_413_without_reading_it_all(model_dir):
     with live_server(model_dir, slots=1, max_body=10_000) as (url, _):

@@ -33,27 +33,27 @@ SETTINGS = Settings(Recipe({"generate": GenerateOptions, "chat": ChatOptions, "t
 def run_chat(args: argparse.Namespace) -> int:
     from lmforge import load
     from lmforge.errors import LmforgeError
-    from lmforge.workflows.chat import ChatFormat, read_conversation, reply
+    from lmforge.workflows.chat import ChatFormat, chat_lm, read_conversation, reply
 
     options = args.settings["generate"]
     model, tokenizer = load(args.model, device=args.settings["runtime"].device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer")
     fmt = ChatFormat(tokenizer, model.config.max_positions, args.model, args.settings["template"].limits())
+    lm = chat_lm(model, fmt, options)
     if not sys.stdin.isatty():  # one conversation per JSON line, one answer per line
         for n, line in enumerate(sys.stdin, 1):
             if not line.strip():
                 continue
-            ids = list(reply(model, fmt, read_conversation(line, f"<stdin> line {n}"), options))
-            reason = "stop" if ids and ids[-1] in fmt.stop_ids else "length"
-            print(json.dumps({"reply": fmt.reply_text(ids), "finish_reason": reason, "tokens": len(ids)},
+            said = list(reply(lm, read_conversation(line, f"<stdin> line {n}"), options))
+            reason = "stop" if said and said[-1][0] in fmt.stop_ids else "length"
+            print(json.dumps({"reply": "".join(t for _, t in said), "finish_reason": reason, "tokens": len(said)},
                              ensure_ascii=False), flush=True)
         return 0
-    return talk(model, fmt, options, args.settings["chat"].system)
+    return talk(lm, options, args.settings["chat"].system)
 
 
-def talk(model: Any, fmt: Any, options: GenerateOptions, system: str | None,
-         ask: Callable[[str], str] | None = None) -> int:
+def talk(lm: Any, options: GenerateOptions, system: str | None, ask: Callable[[str], str] | None = None) -> int:
     """The terminal conversation: read a line (``ask``, default ``input``), stream the reply, keep the history.
     Ctrl-C during a reply stops it (the part shown is kept as the assistant's turn) and asks again; Ctrl-C or
     Ctrl-D at the prompt, or /exit, ends the session."""
@@ -79,7 +79,7 @@ def talk(model: Any, fmt: Any, options: GenerateOptions, system: str | None,
             continue
         history.append({"role": "user", "content": text})
         try:
-            said = stream_reply(model, fmt, history, options)
+            said = stream_reply(lm, history, options)
         except LmforgeError as err:
             history.pop()
             print(f"lmforge: error: {err}", file=sys.stderr)
@@ -90,25 +90,21 @@ def talk(model: Any, fmt: Any, options: GenerateOptions, system: str | None,
         history.append({"role": "assistant", "content": said})
 
 
-def stream_reply(model: Any, fmt: Any, history: list[dict[str, str]], options: GenerateOptions) -> str | None:
+def stream_reply(lm: Any, history: list[dict[str, str]], options: GenerateOptions) -> str | None:
     """Print the reply as it comes; its text, or what was shown of it when Ctrl-C stopped it (None if nothing)."""
     from lmforge.workflows.chat import reply
 
-    ids: list[int] = []
     shown = ""
     try:
-        for token in reply(model, fmt, history, options):
-            ids.append(token)
-            text_so_far = fmt.reply_text(ids)
-            if not text_so_far.endswith("\ufffd"):  # a character cut between two tokens waits
-                print(text_so_far[len(shown):], end="", flush=True)
-                shown = text_so_far
+        for _, text in reply(lm, history, options):
+            print(text, end="", flush=True)
+            shown += text
     except KeyboardInterrupt:
         print(flush=True)
         print("(stopped)", file=sys.stderr)
         return shown or None
     print(flush=True)
-    return fmt.reply_text(ids)
+    return shown
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

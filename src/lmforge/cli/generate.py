@@ -51,16 +51,11 @@ def run_generate(args: argparse.Namespace) -> int:
                            "(it is neither a decoder nor an encoder-decoder)")
     config = model.config
     if args.chat is not None:  # one question through the model's chat template; the reply streams
-        from lmforge.workflows.chat import ChatFormat, reply
+        from lmforge.workflows.chat import ChatFormat, chat_lm, reply
 
         fmt = ChatFormat(tokenizer, config.max_positions, args.model)
-        ids, shown = [], ""
-        for token in reply(model, fmt, [{"role": "user", "content": args.chat}], opts):
-            ids.append(token)
-            text = fmt.reply_text(ids)
-            if not text.endswith("\ufffd"):
-                print(text[len(shown):], end="", flush=True)
-                shown = text
+        for _, text in reply(chat_lm(model, fmt, opts), [{"role": "user", "content": args.chat}], opts):
+            print(text, end="", flush=True)
         print(flush=True)
         return 0
     if opts.temperature == 0 and (opts.top_k or opts.top_p):

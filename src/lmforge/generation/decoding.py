@@ -30,7 +30,6 @@ reference the cache is tested against) run on a plain stepper (generation/steps.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +39,13 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.beam import beam_search
-from lmforge.generation.engine import Engine, Generation, Request
+from lmforge.generation.lm import LM
+from lmforge.generation.outputs import TextOutput
+from lmforge.generation.requests import Generation, Request
 from lmforge.generation.sampling import draw
-from lmforge.generation.slots import MIN_ROWS, bucket, buckets
 from lmforge.generation.steps import SlotSteps, make_steps
-from lmforge.generation.text import StopStrings
 from lmforge.models.decoder import Decoder
-from lmforge.models.interfaces import is_encoder_decoder
+from lmforge.models.interfaces import is_encoder_decoder, special_ids
 from lmforge.models.seq2seq import Seq2Seq
 
 __all__ = ["GenerationOutput", "generate", "pad_prompts", "stream"]
@@ -124,46 +123,17 @@ def check_options(input_ids: torch.Tensor, max_new_tokens: int, temperature: flo
 
 
 def model_ids(model: nn.Module, stop_ids: Sequence[int] | None, pad_id: int | None) -> tuple[list[int], int]:
-    """Stop tokens (default: the model's eos_id) and the padding id (default pad_id, else eos, else 0)."""
-    config = getattr(model, "config", None)
-    eos = getattr(config, "eos_id", None)
-    stop = list(stop_ids) if stop_ids is not None else ([eos] if eos is not None else [])
-    if pad_id is None:
-        pad_id = getattr(config, "pad_id", None)
-        pad_id = pad_id if pad_id is not None else (eos if eos is not None else 0)
-    return stop, pad_id
+    """Stop tokens (default: the model's eos_id) and the padding id (default: the model's, ``special_ids``)."""
+    ids = special_ids(model)
+    return (list(stop_ids) if stop_ids is not None else ids.stops), (pad_id if pad_id is not None else ids.pad)
 
 
-# -- engines kept per model: the same slots (and compiled graphs, CUDA graphs' addresses) for every call ------------
-_ENGINES: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
-
-
-def engine_for(model: nn.Module, rows: int, longest: int, source: int, compile: bool, tokenizer: Any = None,
-               start_id: int | None = None) -> Engine | None:
-    """An idle engine on ``model`` with >= ``rows`` slots and room for ``longest`` tokens (an encoder-decoder's
-    ``source`` too); None for models the engine does not drive (RNNs, captioners, toys)."""
+def lm_for(model: nn.Module, compile: bool | None, tokenizer: Any = None, start_id: int | None = None) -> LM | None:
+    """An ``LM`` over ``model`` for one call (its engine sized to the call), or None for the models the engine does
+    not drive (RNNs, captioners, toys): they decode on a plain stepper."""
     if type(model) not in (Decoder, Seq2Seq):
         return None
-    context = model.config.max_positions
-    sizes = buckets(min(256, context), context)
-    if longest > context or source > context:
-        return None  # too long: the stepper says so, naming the option
-    slots = 1 if rows == 1 else bucket(rows, buckets(MIN_ROWS, max(rows, MIN_ROWS)))
-    weight = next(model.parameters())
-    key = (slots, bucket(longest, sizes), bucket(source, sizes) if source else 0, compile, weight.device,
-           weight.dtype, start_id)
-    pool = _ENGINES.setdefault(model, {})
-    engine = pool.get(key)
-    if engine is None or engine.busy:
-        engine = Engine(model, slots, key[1], tokenizer, compile, memory=key[2] or None, start_id=start_id)
-        pool.setdefault(key, engine)
-    engine.tokenizer = tokenizer
-    return engine
-
-
-def wants_compile(compile: bool | None, device: torch.device) -> bool:
-    """``compile`` with None resolved: on for CUDA (where CUDA graphs pay), off elsewhere."""
-    return device.type == "cuda" if compile is None else compile
+    return LM(model, tokenizer, compile=compile, start_id=start_id)
 
 
 # -- the two loops -------------------------------------------------------------------------------------------------
@@ -218,23 +188,16 @@ class Options:
                        seed, generator, self.stop, self.stop_strings, self.keep_logits)
 
 
-def engine_steps(engine: Engine, prompts: list[list[int]], o: Options, seeds: list[int | None],
+def engine_steps(lm: LM, prompts: list[list[int]], o: Options, seeds: list[int | None],
                  generator: torch.Generator | None, record: list[Generation]) -> Iterator[list[int]]:
-    """Each step's tokens (B,) of the prompts as requests of ``engine`` (pad for the rows that ended)."""
-    engine.busy = True
-    record.extend(engine.submit(o.request(p, s, generator)) for p, s in zip(prompts, seeds, strict=True))
-    try:
-        for t in range(o.max_new_tokens):
-            while not all(g.done or len(g.tokens) > t for g in record):
-                engine.step()
-            if all(len(g.tokens) <= t for g in record):
-                return
-            yield [g.tokens[t] if len(g.tokens) > t else o.pad for g in record]
-    finally:
-        for g in record:
-            g.cancel()
-        engine.step()  # frees the slots of requests left unfinished (a stream closed early)
-        engine.busy = False
+    """Each position's tokens (B,) of the prompts run as requests of ``lm`` (pad for the rows that ended)."""
+    t = 0
+    for handles in lm.steps([o.request(p, s, generator) for p, s in zip(prompts, seeds, strict=True)]):
+        if not record:
+            record.extend(handles)
+        while any(len(g.tokens) > t for g in handles) and all(g.done or len(g.tokens) > t for g in handles):
+            yield [g.tokens[t] if len(g.tokens) > t else o.pad for g in handles]
+            t += 1
 
 
 def stepper_steps(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, o: Options,
@@ -246,7 +209,7 @@ def stepper_steps(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     generators = [generator or (torch.Generator(device).manual_seed(s) if s is not None else None) for s in seeds]
     settings = torch.tensor([[o.temperature, o.top_k or 0, o.top_p or 1.0, o.repetition_penalty]] * b,
                             device=device).T  # (4, B)
-    texts = StopStrings(tokenizer, o.stop_strings, b) if o.stop_strings else None
+    texts = [TextOutput(tokenizer, o.stop_strings) for _ in range(b)] if o.stop_strings else None
     seen, tokens = None, [0] * b
     with torch.inference_mode():
         steps = make_steps(model, input_ids, attention_mask, o.max_new_tokens, use_cache, start_id)
@@ -262,13 +225,14 @@ def stepper_steps(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
             tokens = [c if x else o.pad for c, x in zip(chosen, live, strict=True)]
             if seen is not None:
                 seen = seen.scatter(1, torch.tensor(tokens, device=device)[:, None], True)
-        hits = texts.update(torch.tensor(tokens)).tolist() if texts is not None else [False] * b
-        for row, (g, token, alive, hit) in enumerate(zip(record, tokens, live, hits, strict=True)):
+        for row, (g, token, alive) in enumerate(zip(record, tokens, live, strict=True)):
             if alive:
                 g.tokens.append(token)
                 if o.keep_logits:
                     g.logits.append(logits[row])
-                if token in o.stop or hit:
+                if texts is not None:
+                    texts[row].add(token)
+                if token in o.stop or (texts is not None and texts[row].stopped):
                     g.finish_reason = "stop"
                 elif len(g.tokens) == o.max_new_tokens:
                     g.finish_reason = "length"
@@ -282,15 +246,9 @@ def decode_rows(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     """The steps of every row on the engine (lmforge Transformers) or the plain stepper (the rest)."""
     prompts = prompt_rows(input_ids, attention_mask)
     seeds = [None if d.seed is None else d.seed + row for row in range(len(prompts))]  # each row its own stream
-    engine = None
-    if d.use_cache and o.max_new_tokens:
-        seq2seq = is_encoder_decoder(model)
-        longest = (1 if seq2seq else max(map(len, prompts))) + o.max_new_tokens
-        source = max(map(len, prompts)) if seq2seq else 0
-        engine = engine_for(model, len(prompts), longest, source, wants_compile(d.compile, input_ids.device),
-                            d.tokenizer, d.start_id)
-    if engine is not None:
-        return engine_steps(engine, prompts, o, seeds, d.generator, record)
+    lm = lm_for(model, d.compile, d.tokenizer, d.start_id) if d.use_cache and o.max_new_tokens else None
+    if lm is not None:
+        return engine_steps(lm, prompts, o, seeds, d.generator, record)
     return stepper_steps(model, input_ids, attention_mask, o, seeds, d.generator, d.use_cache, d.start_id,
                          d.tokenizer, record)
 
@@ -346,7 +304,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Te
     o = d.resolve(model, input_ids, beams, output_logits)
     if beams > 1:
         seqs, scores = run_beams(model, input_ids, attention_mask, beams, d.max_new_tokens, o.stop, o.pad,
-                                 length_penalty, d.use_cache, d.start_id, wants_compile(d.compile, input_ids.device))
+                                 length_penalty, d.use_cache, d.start_id, d.compile)
         return outputs(seqs, o.pad, input_ids.device, scores=torch.tensor(scores))
     record: list[Generation] = []
     for _ in decode_rows(model, input_ids, attention_mask, o, d, record):
@@ -374,24 +332,20 @@ def outputs(seqs: list[list[int]], pad: int, device: torch.device, **extra: Any)
 
 def run_beams(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, beams: int,
               max_new_tokens: int, stop: list[int], pad: int, length_penalty: float, use_cache: bool,
-              start_id: int | None, compile: bool) -> tuple[list[list[int]], list[float]]:
-    """Beam search; lmforge's Transformers search on the engine's slots (its compiled step), others on a stepper."""
+              start_id: int | None, compile: bool | None) -> tuple[list[list[int]], list[float]]:
+    """Beam search; lmforge's Transformers search on an engine's runner (its slots and compiled step), others on a
+    plain stepper."""
     b = input_ids.shape[0]
     prompts = prompt_rows(input_ids, attention_mask)
-    seq2seq = is_encoder_decoder(model)
-    longest = (1 if seq2seq else max(map(len, prompts))) + max_new_tokens
-    engine = engine_for(model, b * beams, longest, max(map(len, prompts)) if seq2seq else 0, compile,
-                        start_id=start_id) if use_cache and max_new_tokens else None
-    if engine is None:
-        with torch.inference_mode():
+    lm = lm_for(model, compile, start_id=start_id) if use_cache and max_new_tokens else None
+    with torch.inference_mode():
+        if lm is None:
             steps = make_steps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id)
             return beam_search(steps, b, beams, max_new_tokens, stop, pad, length_penalty)
-    engine.busy = True
-    try:
-        with torch.inference_mode():
-            return beam_search(SlotSteps(engine, prompts), b, beams, max_new_tokens, stop, pad, length_penalty)
-    finally:
-        engine.busy = False
+        seq2seq = is_encoder_decoder(model)
+        longest = (1 if seq2seq else max(map(len, prompts))) + max_new_tokens
+        engine = lm.engine_for(b * beams, longest, max(map(len, prompts)) if seq2seq else 0)
+        return beam_search(SlotSteps(engine.runner, prompts), b, beams, max_new_tokens, stop, pad, length_penalty)
 
 
 def seen_tokens(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

@@ -1,7 +1,11 @@
-"""A request to the decoding engine, what the engine hands back for it, and the engine's record of a slot.
+"""A request to the decoding engine, and what the engine hands back for it.
 
     g = engine.submit(Request(prompt_ids, max_new_tokens=64, temperature=0.8, seed=1))   # engine.py
     g.tokens, g.finish_reason, g.done      # filled as the engine steps; g.cancel() frees its slot at the next step
+
+Callbacks run in the outputs stage (outputs.py), in order: ``on_token`` with each new token, ``on_text`` once a
+token with the text it adds (with the engine's tokenizer; "" while held back, and once more at the end with what
+was held), ``on_finish`` once, when the request has ended.
 """
 
 from __future__ import annotations
@@ -11,8 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-
-from lmforge.generation.text import StopStrings
 
 
 @dataclass
@@ -30,8 +32,9 @@ class Request:
     stop_ids: Sequence[int] | None = None  # None: the model's eos_id
     stop_strings: Sequence[str] = ()  # needs the engine's tokenizer
     keep_logits: bool = False  # keep each step's raw logits (V,) in Generation.logits
-    on_token: Callable[[int], None] | None = None  # called (from the engine's thread) with each new token
-    on_finish: Callable[[Generation], None] | None = None  # called once it ends, whatever the reason
+    on_token: Callable[[int], None] | None = None  # each new token
+    on_text: Callable[[str], None] | None = None  # the text the new tokens make (needs the engine's tokenizer)
+    on_finish: Callable[[Generation], None] | None = None  # once it has ended, whatever the reason
 
 
 @dataclass(eq=False)
@@ -44,7 +47,8 @@ class Generation:
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     error: str | None = None  # what went wrong, when finish_reason is "error"
     cancelled: bool = False
-    ended: threading.Event = field(default_factory=threading.Event)
+    keep: int | None = None  # a stop string ended it: its first ``keep`` tokens are the reply
+    ended: threading.Event = field(default_factory=threading.Event)  # set once on_finish has run
 
     @property
     def done(self) -> bool:
@@ -54,21 +58,17 @@ class Generation:
         """Free the slot at the next step (any thread may call it)."""
         self.cancelled = True
 
-
-class Slot:
-    """The host's view of one slot: which generation holds it, how many columns it has written, its settings."""
-
-    def __init__(self, generation: Generation, length: int, source: int, stops: frozenset[int],
-                 texts: StopStrings | None, generator: torch.Generator | None) -> None:
-        self.generation, self.request = generation, generation.request
-        self.length, self.source = length, source  # columns written; an encoder-decoder's source length
-        self.stops, self.texts, self.generator = stops, texts, generator
-        self.token = 0  # the newest token, not yet in the cache: the next step's input
+    def stop_at(self, keep: int) -> None:
+        """End at its ``keep``-th token, which completed a stop string (the outputs stage calls it)."""
+        self.keep = keep
+        self.cancelled = True
 
 
 def end(generation: Generation, reason: str, error: str | None = None) -> None:
-    """Mark a generation ended, then tell whoever waits (``on_finish``, ``ended``)."""
+    """Mark a generation ended: an error stands once given; a stop string's end cuts the tokens after it."""
+    if generation.finish_reason == "error":
+        return
+    if generation.keep is not None and reason != "error":
+        reason = "stop"
+        del generation.tokens[generation.keep:], generation.logits[generation.keep:]
     generation.finish_reason, generation.error = reason, error
-    generation.ended.set()
-    if generation.request.on_finish is not None:
-        generation.request.on_finish(generation)

@@ -34,6 +34,7 @@ the model's layers write and read it without knowing about slots.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -66,6 +67,12 @@ def multiples(step: int, largest: int) -> list[int]:
     return [*range(step, largest, step), largest]
 
 
+@functools.cache
+def arange(n: int, device: torch.device) -> torch.Tensor:
+    """[0, n) on the device, made once per (n, device): the rows of a step bucket."""
+    return torch.arange(n, device=device)
+
+
 def bucket(size: int, sizes: Sequence[int]) -> int:
     """The smallest bucket that holds ``size``.
 
@@ -94,6 +101,7 @@ class SlotKV:
         self.rows: torch.Tensor | None = None  # prefill: the slots (B,); step: arange(S_b)
         self.at: torch.Tensor | None = None  # step: where each row's new key and value go (``places``)
         self.view: tuple[int, int] = (0, 0)  # step: (S_b, C_b), the part the attention reads
+        self.gathered = False  # step: the rows are chosen slots (``rows``), not [0, S_b)
         self.length = 0  # the attention's count of cached positions: a cross cache reads "filled" when > 0
         self.static = False
 
@@ -102,10 +110,13 @@ class SlotKV:
         (``prefix.py``), which the new tokens attend to; the model reads ``length`` as its positions' offset."""
         self.prefilling, self.rows, self.length = True, slot, start
 
-    def step(self, rows: torch.Tensor, at: torch.Tensor | None, view: tuple[int, int], filled: bool) -> None:
+    def step(self, rows: torch.Tensor, at: torch.Tensor | None, view: tuple[int, int], filled: bool,
+             gathered: bool = False) -> None:
         """Step mode: the rows' new keys and values go to ``at`` (``places``; None for a cache only read, a
-        cross-attention's); the attention reads ``view`` = (S_b, C_b)."""
+        cross-attention's); the attention reads ``view`` = (S_b, C_b) of rows [0, S_b), or of the slots ``rows``
+        when ``gathered`` (a step retried one request at a time)."""
         self.prefilling, self.rows, self.at, self.view, self.length = False, rows, at, view, int(filled)
+        self.gathered = gathered
 
     def places(self, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """Where the new tokens of rows (B,) at columns (B or 1, P) go in the buffer seen as a list of d-vectors:
@@ -137,6 +148,8 @@ class SlotKV:
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows, columns = self.view
+        if self.gathered:
+            return self.k.index_select(0, self.rows)[:, :, :columns], self.v.index_select(0, self.rows)[:, :, :columns]
         return self.k[:rows, :, :columns], self.v[:rows, :, :columns]
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -170,17 +183,21 @@ class SlotCaches:
             kv.prefill(slot, start)
         return self.layers
 
-    def step(self, rows: torch.Tensor, lengths: torch.Tensor, capacity: int, memory: int) -> list[LayerCache]:
-        n = len(rows)
+    def step(self, lengths: torch.Tensor, capacity: int, memory: int,
+             index: torch.Tensor | None = None) -> list[LayerCache]:
+        """Step mode for rows [0, len(lengths)) (``index``: those slots instead) at columns ``lengths``, reading
+        ``capacity`` columns (and ``memory`` source columns)."""
+        n = len(lengths)
+        rows = arange(n, lengths.device) if index is None else index
         places: dict[tuple[int, int], torch.Tensor] = {}  # (heads, capacity) -> indices: made once, not per layer
         for layer in self.layers:
             kv = layer.self_attention
             shape = (kv.k.shape[1], kv.k.shape[2])
             if shape not in places:
                 places[shape] = kv.places(rows, lengths[:, None])
-            kv.step(rows, places[shape], (n, capacity), filled=False)
+            kv.step(rows, places[shape], (n, capacity), filled=False, gathered=index is not None)
             if layer.cross_attention is not None:  # written at prefill: read only
-                layer.cross_attention.step(rows, None, (n, memory), filled=True)
+                layer.cross_attention.step(rows, None, (n, memory), filled=True, gathered=index is not None)
         return self.layers
 
     def move(self, src: int, dst: int, columns: int, memory: int = 0) -> None:

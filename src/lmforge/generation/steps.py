@@ -32,7 +32,7 @@ from lmforge.models.interfaces import is_encoder_decoder
 from lmforge.nn.layers import LayerCache
 
 if TYPE_CHECKING:
-    from lmforge.generation.engine import Engine
+    from lmforge.generation.runners.eager import EagerRunner
 
 
 def reorder_caches(caches: list, index: torch.Tensor) -> None:
@@ -240,36 +240,36 @@ def make_steps(
 
 
 class SlotSteps:
-    """Beam search's stepper (``first`` / ``next`` / ``reorder``, generation/steps.py) over an engine's slots.
+    """Beam search's stepper (``first`` / ``next`` / ``reorder``) over a runner's slots (generation/runners/).
 
     The B prompts are prefilled into slots [0, B); ``reorder`` copies slot rows (B -> B*K beams at the first
-    step, then the surviving hypotheses); ``next`` is the engine's step: the same compiled graphs as ``generate``.
+    step, then the surviving hypotheses); ``next`` is the runner's step: the same calls (and compiled graphs) as
+    ``generate``'s.
     """
 
-    def __init__(self, engine: Engine, prompts: list[list[int]]) -> None:
-        self.engine, self.prompts = engine, prompts
+    def __init__(self, runner: EagerRunner, prompts: list[list[int]]) -> None:
+        self.runner, self.prompts = runner, prompts
         self.lengths: list[int] = []
         self.sources: list[int] = []
 
     def first(self) -> torch.Tensor:
-        e, rows = self.engine, []
+        r, rows = self.runner, []
         with torch.inference_mode():
             for i, ids in enumerate(self.prompts):
-                rows.append(e.prefill([i], [ids]))
-                self.lengths.append(1 if e.seq2seq else len(ids))
+                rows.append(r.prefill([i], [ids]))
+                self.lengths.append(1 if r.seq2seq else len(ids))
                 self.sources.append(len(ids))
         return torch.cat(rows)  # (B, V)
 
     def reorder(self, index: torch.Tensor) -> None:
         picked = index.tolist()
-        self.engine.caches.reorder(index)
-        self.engine.src_mask[: len(picked)] = self.engine.src_mask.index_select(0, index)
+        self.runner.reorder(index)
         self.lengths = [self.lengths[j] for j in picked]
         self.sources = [self.sources[j] for j in picked]
 
     def next(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (R,) -> the logits that follow them (R, V)."""
         with torch.inference_mode():
-            logits = self.engine.forward(tokens, self.lengths, self.sources)
+            logits = self.runner.step(tokens.tolist(), self.lengths, self.sources)
         self.lengths = [n + 1 for n in self.lengths]
         return logits

@@ -157,15 +157,9 @@ class Decoder(nn.Module):
             targets, scored = targets[scored_at], h[scored_at]  # (N,), (N, D)
         elif logit_positions is not None:  # (B, 1, D): row b's hidden state at logit_positions[b]
             scored = h.gather(1, logit_positions.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
-            # zero rows up to a multiple of 4 (at least 4): BLAS then gives each row the same bits however many
-            # prompts are scored together (generation/slots.py), so a prompt's first token does not depend on
-            # the others prefilled beside it
-            scored = F.pad(scored, (0, 0, 0, 0, 0, max(4, -(-len(scored) // 4) * 4) - len(scored)))
         elif logits_to_keep:
             scored = h[:, -logits_to_keep:]  # (B, n, D)
         logits = self.lm_head(scored)  # (B, T, V), (B, n, V) or (B, 1, V)
-        if logit_positions is not None:
-            logits = logits[: h.shape[0]]
         if logits.shape[-1] != self.config.vocab_size:  # padded rows (vocab_multiple) are never a token
             logits = logits[..., : self.config.vocab_size]
         if self.config.logit_softcap is not None:

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from lmforge.nn import activation_fn
-from lmforge.nn.linear import Linear
 
 
 class LMHead(nn.Module):
@@ -21,7 +20,7 @@ class LMHead(nn.Module):
 
     def __init__(self, d_model: int, vocab_size: int) -> None:
         super().__init__()
-        self.proj = Linear(d_model, vocab_size, bias=False)
+        self.proj = nn.Linear(d_model, vocab_size, bias=False)
 
     def tie(self, embedding: nn.Embedding) -> None:
         self.proj.weight = embedding.weight

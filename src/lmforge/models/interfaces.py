@@ -13,7 +13,7 @@ through its own ``new_caches``. ``is_encoder_decoder(model)`` is the one test th
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -45,3 +45,23 @@ def generates_text(model: Any) -> bool:
     from lmforge.models.decoder import Decoder
 
     return isinstance(model, Decoder) or is_encoder_decoder(model)
+
+
+class SpecialIds(NamedTuple):
+    """A model's special token ids, resolved by one rule (``special_ids``)."""
+
+    eos: int | None
+    pad: int
+    bos: int | None
+    decoder_start: int | None
+    stops: list[int]
+
+
+def special_ids(model: Any, tokenizer: Any = None) -> SpecialIds:
+    """The ids decoding needs: pad = pad_id, else eos, else 0; an encoder-decoder's first target token =
+    decoder_start_id, else bos_id; the tokens that stop a reply = [eos] (none without one)."""
+    config = getattr(model, "config", None)
+    eos, pad, bos = (getattr(config, name, None) for name in ("eos_id", "pad_id", "bos_id"))
+    start = getattr(config, "decoder_start_id", None)
+    return SpecialIds(eos, pad if pad is not None else (eos if eos is not None else 0), bos,
+                      start if start is not None else bos, [eos] if eos is not None else [])

@@ -4,7 +4,6 @@ from lmforge.nn.attention import AttentionOutput, MultiHeadAttention, attention_
 from lmforge.nn.attention2d import SpatialSelfAttention, Transformer2D, Transformer2DLayer, sinusoidal_positions_2d
 from lmforge.nn.cache import KVCache
 from lmforge.nn.layers import FeedForward, LayerCache, LayerOutput, TransformerLayer, activation_fn
-from lmforge.nn.linear import Linear, packed_products
 from lmforge.nn.lstm import LSTM, LSTMCell, LSTMOutput
 from lmforge.nn.norms import RMSNorm, make_norm
 from lmforge.nn.positions import (
@@ -27,7 +26,6 @@ __all__ = [
     "LayerCache",
     "LayerOutput",
     "LearnedPositions",
-    "Linear",
     "MultiHeadAttention",
     "MultiplicativeAttention",
     "RMSNorm",
@@ -41,7 +39,6 @@ __all__ = [
     "attention_scores_softmax",
     "causal_mask",
     "make_norm",
-    "packed_products",
     "scale_embedding",
     "sinusoidal_positions_2d",
     "sinusoidal_table",

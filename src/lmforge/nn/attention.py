@@ -13,8 +13,7 @@ Two paths give the same outputs: the explicit path writes the softmax out and ca
 weights (for inspection and teaching); the fast path calls ``torch.nn.functional.scaled_dot_product_attention``
 (fused kernels, no (T, T) weight tensor kept for backward). Asking for weights selects the explicit path.
 
-Weight convention (DESIGN.md): every projection is an ``nn.Linear`` (out, in) (``nn.linear.Linear``: it can
-also multiply by a packed copy of its weight, for the decoding engine). Head h uses rows [h*d_qk, (h+1)*d_qk) of
+Weight convention (DESIGN.md): every projection is an ``nn.Linear`` (out, in). Head h uses rows [h*d_qk, (h+1)*d_qk) of
 W_q, key/value head g rows [g*d_qk, (g+1)*d_qk) of W_k and [g*d_v, (g+1)*d_v) of W_v. Per-head query/key width
 d_qk and value width d_v may differ (seed 000 Q2's M_QK and M_V). For self-attention W_q (H d_qk rows), W_k
 (H_kv d_qk) and W_v (H_kv d_v) are stacked in one ``in_proj`` (one matmul instead of three); cross-attention has
@@ -40,7 +39,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.nn.cache import KVCache
-from lmforge.nn.linear import Linear
 from lmforge.nn.norms import RMSNorm
 from lmforge.nn.positions import Angles, RotaryEmbedding
 
@@ -138,10 +136,10 @@ def decode_attention(
     query heads of group g are stacked as r rows against g's keys, so keys and values are never repeated.
 
     q: (B, H, 1, d_qk), k: (B, H_kv, S, d_qk), v: (B, H_kv, S, d_v), mask broadcastable to (B, H, 1, S) ->
-    (B, H, 1, d_v). The same heads as ``explicit_attention`` (to float rounding). On CPU it is faster than the
-    fused kernel for one query (SmolLM2's 9 heads in 3 groups, 16 rows, torch 2.13, 2 threads: 305 vs 365 us at 64
-    columns, 800 vs 1370 at 256, 1530 vs 3380 at 512), and a row's output has the same bits whatever the batch,
-    the columns beyond its own and the thread count (tests/test_gqa.py), which the decoding engine needs.
+    (B, H, 1, d_v). The same heads as ``explicit_attention`` (to float rounding), without the fused kernel's
+    mask handling and K/V repeat for grouped heads (faster for one query: docs/benchmarks.md), and a row's output
+    has the same bits whatever the batch, the columns beyond its own and the thread count (tests/test_gqa.py),
+    which the decoding engine needs.
 
     >>> q, k = torch.ones(1, 4, 1, 2), torch.ones(1, 2, 3, 2)
     >>> decode_attention(q, k, torch.arange(6.0).view(1, 2, 3, 1), None, 1.0).flatten().tolist()
@@ -215,11 +213,11 @@ class MultiHeadAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.d_qk)
         q, k, v = self.widths()
         if cross:
-            self.q_proj = Linear(d_model, q, bias=bias)
-            self.kv_proj = Linear(d_memory or d_model, k + v, bias=bias)  # [W_k; W_v]
+            self.q_proj = nn.Linear(d_model, q, bias=bias)
+            self.kv_proj = nn.Linear(d_memory or d_model, k + v, bias=bias)  # [W_k; W_v]
         else:
-            self.in_proj = Linear(d_model, q + k + v, bias=bias)  # [W_q; W_k; W_v]
-        self.out_proj = Linear(n_heads * self.d_v, d_model, bias=bias)
+            self.in_proj = nn.Linear(d_model, q + k + v, bias=bias)  # [W_q; W_k; W_v]
+        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
         self.q_norm = RMSNorm(self.d_qk, eps) if qk_norm else None
         self.k_norm = RMSNorm(self.d_qk, eps) if qk_norm else None
 
@@ -318,7 +316,7 @@ class MultiHeadAttention(nn.Module):
         mask = build_mask(t, s, causal, key_padding_mask, attn_mask, q.device)  # (B|1, H|1, T, S) or None
         if need_weights:
             return explicit_attention(q, k, v, mask, self.scale, dropout)
-        if t == 1 and not dropout and q.device.type == "cpu":
+        if t == 1 and not dropout:  # one query a row (a decoding step): two small products, no K/V repeat
             return decode_attention(q, k, v, mask, self.scale), None
         return fused_attention(q, k, v, mask, dropout), None
 

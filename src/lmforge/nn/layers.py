@@ -28,7 +28,6 @@ from torch import nn
 
 from lmforge.nn.attention import MultiHeadAttention
 from lmforge.nn.cache import KVCache
-from lmforge.nn.linear import Linear
 from lmforge.nn.norms import make_norm
 from lmforge.nn.positions import Angles, RotaryEmbedding
 
@@ -73,8 +72,8 @@ class FeedForward(nn.Module):
     ) -> None:
         super().__init__()
         self.gated = activation in GATED
-        self.fc1 = Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)  # W_1: (d_ff or 2 d_ff, d_model)
-        self.fc2 = Linear(d_ff, d_model, bias=bias)  # W_2: (d_model, d_ff)
+        self.fc1 = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)  # W_1: (d_ff or 2 d_ff, d_model)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2: (d_model, d_ff)
         self.act = activation_fn(activation)
         self.dropout = nn.Dropout(dropout)
 

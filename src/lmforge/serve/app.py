@@ -27,7 +27,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from lmforge.generation.engine import Request as EngineRequest
-from lmforge.generation.text import Detokenizer
 from lmforge.serve import errors
 from lmforge.serve.errors import HTTPError
 from lmforge.serve.guard import Guard
@@ -156,8 +155,8 @@ async def complete(state: Served, request: Request, body: Sampling, ids: list[in
     stops = service.stop_ids(chat)
     arrived = time.perf_counter()
 
-    def on_token(token: int) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, ("token", token))
+    def on_text(new: str) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, ("text", new))
 
     def on_finish(generation) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, ("end", generation))
@@ -165,11 +164,11 @@ async def complete(state: Served, request: Request, body: Sampling, ids: list[in
     request_ = EngineRequest(ids, max_new_tokens=min(limit or state.options.max_tokens, service.context - len(ids)),
                              temperature=body.temperature, top_k=body.top_k,
                              top_p=body.top_p if body.top_p < 1 else None, repetition_penalty=body.repetition_penalty,
-                             seed=body.seed, stop_ids=stops, stop_strings=body.stop, on_token=on_token,
+                             seed=body.seed, stop_ids=stops, stop_strings=body.stop, on_text=on_text,
                              on_finish=on_finish)
     generation = service.complete(request_)
     state.metrics.prompt_tokens += len(ids)
-    reply = Reply(state, generation, Detokenizer(service.tokenizer, body.stop, skip=stops), chat, arrived)
+    reply = Reply(state, generation, chat, arrived)
     if body.stream:
         return StreamingResponse(reply.events(queue, body.include_usage()), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})

@@ -14,25 +14,27 @@ import time
 import uuid
 from typing import Any
 
-from lmforge.generation.text import Detokenizer
 from lmforge.serve.errors import HTTPError
 
 
 class Reply:
-    """The answer to one completion or chat completion (``state``: the server's ``Served``)."""
+    """The answer to one completion or chat completion (``state``: the server's ``Served``). Its queue receives
+    ("text", new text) once a token and at the end (the engine's outputs stage decodes and cuts at stop strings),
+    then ("end", generation); ("gone", None) when the client left."""
 
-    def __init__(self, state: Any, generation: Any, text: Detokenizer, chat: bool, arrived: float) -> None:
-        self.state, self.generation, self.text, self.chat, self.arrived = state, generation, text, chat, arrived
+    def __init__(self, state: Any, generation: Any, chat: bool, arrived: float) -> None:
+        self.state, self.generation, self.chat, self.arrived = state, generation, chat, arrived
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.first = True
+        self.pieces: list[str] = []
 
-    def token(self, value: int) -> str:
+    def text(self, new: str) -> str:
         if self.first:
             self.state.metrics.first_token(time.perf_counter() - self.arrived)
             self.first = False
-        self.state.metrics.completion_tokens += 1
-        return self.text.add(value)
+        self.pieces.append(new)
+        return new
 
     def reason(self) -> str:
         return "length" if self.generation.finish_reason == "length" else "stop"
@@ -51,13 +53,14 @@ class Reply:
                     return None
                 if kind == "end":
                     break
-                self.token(value)
+                self.text(value)
         finally:
             watcher.cancel()
             self.generation.cancel()  # no-op once it has ended; frees the slot if the client went away
         if self.generation.finish_reason == "error":
             raise HTTPError(500, f"the model failed on this request: {self.generation.error}")
-        content = self.text.text
+        self.state.metrics.completion_tokens += len(self.generation.tokens)
+        content = "".join(self.pieces)
         choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat else
                   {"index": 0, "text": content})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
@@ -81,18 +84,15 @@ class Reply:
                 yield self.chunk("", role=True)
             while True:
                 kind, value = await queue.get()
-                if kind == "token":
-                    new = self.token(value)
-                    if new:
-                        yield self.chunk(new)
+                if kind == "text":
+                    if self.text(value):
+                        yield self.chunk(value)
                     continue
+                self.state.metrics.completion_tokens += len(self.generation.tokens)
                 if self.generation.finish_reason == "error":
                     message = f"the model failed on this request: {self.generation.error}"
                     yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
                     return
-                rest = self.text.finish()
-                if rest:
-                    yield self.chunk(rest)
                 yield self.chunk(None, self.reason())
                 if include_usage:
                     usage = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",

@@ -84,33 +84,27 @@ def chat_format(folder: str | Path, tokenizer: Any, model: Any,
     return ChatFormat(tokenizer, getattr(model.config, "max_positions", None), str(folder), limits)
 
 
-def reply(model: Any, fmt: ChatFormat, messages: Sequence[Message], options: Any = None) -> Iterator[int]:
-    """The assistant's next reply, token by token (its end-of-turn token included), by ``options``
-    (``generation.options.GenerateOptions``: greedy by default)."""
-    import torch
+def chat_lm(model: Any, fmt: ChatFormat, options: Any = None) -> Any:
+    """The ``LM`` a conversation runs on (one per conversation: its engine is kept between turns)."""
+    from lmforge.generation.lm import LM
 
-    from lmforge.generation import stream
+    return LM(model, fmt.tokenizer, fmt, compile=getattr(options, "compile", None))
+
+
+def reply(lm: Any, messages: Sequence[Message], options: Any = None) -> Iterator[tuple[int, str]]:
+    """The assistant's next reply as it is written: (token, the text it adds), its end-of-turn token included,
+    by ``options`` (``generation.options.GenerateOptions``: greedy by default)."""
     from lmforge.generation.options import GenerateOptions
 
     options = options or GenerateOptions(max_new_tokens=256)
-    ids = fmt.prompt_ids(messages)
-    settings = options.sampling()
-    room = model.config.max_positions - len(ids)
-    settings["max_new_tokens"] = min(settings["max_new_tokens"], room)
-    settings["stop_strings"] = settings["stop_strings"] or None
-    device = next(model.parameters()).device
-    for tokens in stream(model, torch.tensor([ids], device=device), stop_ids=fmt.stop_ids, tokenizer=fmt.tokenizer,
-                         **settings):
-        token = int(tokens[0])
-        yield token
-        if token in fmt.stop_ids:
-            return
+    settings = {k: v for k, v in options.sampling().items() if k != "compile"}
+    yield from lm.reply(messages, **settings)
 
 
 def chat(model: Any, tokenizer: Any, messages: Sequence[Message], options: Any = None) -> str:
     """The assistant's reply to ``messages`` as text (greedy unless ``options`` say otherwise)."""
     fmt = ChatFormat(tokenizer, getattr(model.config, "max_positions", None))
-    return fmt.reply_text(list(reply(model, fmt, messages, options)))
+    return "".join(text for _, text in reply(chat_lm(model, fmt, options), messages, options))
 
 
 def read_conversation(line: str, where: str) -> list[Message]:

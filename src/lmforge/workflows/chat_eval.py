@@ -131,18 +131,19 @@ def choice_logprobs(model: torch.nn.Module, fmt: ChatFormat, prompts: list[list[
 
 def greedy_replies(model: torch.nn.Module, fmt: ChatFormat, prompts: list[list[int]], max_new_tokens: int,
                    batch_size: int) -> list[str]:
-    """The greedy reply to each prompt, batched on the decoding engine (each row independent of the others)."""
-    from lmforge.generation.decoding import engine_for
-    from lmforge.generation.engine import Request
+    """The greedy reply to each prompt, batched on the decoding engine (each row independent of the others):
+    ``batch_size`` requests decode together, the others wait for a free slot."""
+    from lmforge.generation.lm import LM
+    from lmforge.generation.requests import Request
+    from lmforge.models.interfaces import generates_text, is_encoder_decoder
 
+    if not generates_text(model) or is_encoder_decoder(model):
+        raise LmforgeError("--tasks: this model cannot generate replies (a decoder is needed)")
     room = model.config.max_positions
     longest = min(room, max(map(len, prompts)) + max_new_tokens)
-    engine = engine_for(model, min(batch_size, len(prompts)), longest, 0, False, fmt.tokenizer)
-    if engine is None:
-        raise LmforgeError("--tasks: this model cannot generate replies (a decoder is needed)")
-    generations = [engine.submit(Request(p, max_new_tokens=min(max_new_tokens, room - len(p)),
-                                         stop_ids=fmt.stop_ids)) for p in prompts]
-    engine.run()
+    lm = LM(model, fmt.tokenizer, fmt, slots=min(batch_size, len(prompts)), capacity=longest)
+    generations = lm.run([Request(p, max_new_tokens=min(max_new_tokens, room - len(p)), stop_ids=fmt.stop_ids)
+                          for p in prompts])
     return [fmt.reply_text(g.tokens) for g in generations]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -29,8 +30,8 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.generation.calls import compile_mode
 from lmforge.generation.engine import Engine, Generation, Request
+from lmforge.generation.lm import LM
 from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,19 +44,24 @@ class Busy(LmforgeError):
 
 class EngineThread:
     """The engine's loop: it steps while anything is waiting or active, and sleeps otherwise; in a daemon thread
-    of its own (``start=True``) or in the thread that calls ``run``.
+    of its own (``start=True``) or in the thread that calls ``run``. The outputs stage (detokenizing, stop
+    strings, the requests' callbacks) runs on a second thread, fed by the steps: a slow or failing callback never
+    holds up a step.
 
     Why a caller may want the loop on its main thread: PyTorch's CPU threads come from OpenMP, which keeps a team
     of worker threads for each thread that runs parallel work. A model loaded on the main thread and stepped on
     another makes two teams; libgomp then has more threads than cores and spins only briefly before sleeping, and
-    every parallel region of a step pays the wake-up: a SmolLM2 step took 180-200 ms on a second thread against
-    120-130 ms on the loading one (2 cores, torch 2.13, measured alternately)."""
+    every parallel region of a step pays the wake-up (docs/serving.md, docs/benchmarks.md)."""
 
     def __init__(self, engine: Engine, start: bool = True) -> None:
         self.engine = engine
         self.wake = threading.Event()
         self.stopping = False
         self.steps, self.busy = 0, 0.0  # steps taken, and seconds spent in them (/metrics)
+        self.outbox: queue.SimpleQueue[list[Generation] | None] = queue.SimpleQueue()
+        engine.sink = self.outbox.put
+        self.outputs = threading.Thread(target=self.hand_on, name="lmforge-outputs", daemon=True)
+        self.outputs.start()
         self.thread = threading.Thread(target=self.run, name="lmforge-engine", daemon=True) if start else None
         if self.thread is not None:
             self.thread.start()
@@ -77,11 +83,18 @@ class EngineThread:
             self.engine.step()
             self.steps, self.busy = self.steps + 1, self.busy + time.perf_counter() - began
 
+    def hand_on(self) -> None:
+        """The outputs stage's thread: each step's touched requests, in order."""
+        while (touched := self.outbox.get()) is not None:
+            self.engine.outputs.process(touched)
+
     def stop(self, timeout: float = 10.0) -> None:
         self.stopping = True
         self.wake.set()
         if self.thread is not None:
             self.thread.join(timeout)
+        self.outbox.put(None)
+        self.outputs.join(timeout)
 
 
 class ModelService:
@@ -99,8 +112,9 @@ class ModelService:
         self.engine: EngineThread | None = None
         self.warmup: tuple[int, float] | None = None  # compiled engines: (graphs, seconds) made at start
         if self.generates:
-            engine = Engine(model, options.slots, capacity=options.context or None, tokenizer=tokenizer,
-                            compile=compile_mode(model, options.compile), prefix_blocks=options.prefix_cache)
+            self.lm = LM(model, tokenizer, chat_format, slots=options.slots, capacity=options.context,
+                         compile=options.compile, prefix_blocks=options.prefix_cache, log=True)
+            engine = self.lm.engine
             self.context = engine.capacity
             began = time.perf_counter()
             graphs = engine.warmup()  # compiled: every graph before the first request, none while serving
@@ -151,14 +165,11 @@ class ModelService:
 
     def load(self) -> tuple[int, int, int]:
         """(waiting, slots in use, slots) for /metrics, /health and the queue limit."""
-        if self.engine is None:
-            return 0, 0, 0
-        e = self.engine.engine
-        return len(e.waiting), len(e.active), e.n_slots
+        return self.engine.engine.scheduler.load() if self.engine is not None else (0, 0, 0)
 
     def prefix_tokens(self) -> tuple[int, int]:
         """Prompt tokens the prefix cache supplied and those computed, for /metrics ((0, 0) without one)."""
-        prefix = self.engine.engine.prefix if self.engine else None
+        prefix = self.engine.engine.runner.prefix if self.engine else None
         return (prefix.hits, prefix.misses) if prefix else (0, 0)
 
     def steps(self) -> tuple[int, float]:
@@ -264,11 +275,7 @@ class ModelService:
     def cancel_all(self) -> None:
         """Cancel every request waiting or decoding (a drain past its grace); each ends at the engine's next step."""
         if self.engine is not None:
-            e = self.engine.engine
-            with e.lock:
-                held = [*e.waiting, *(s.generation for s in e.slots if s is not None)]
-            for generation in held:
-                generation.cancel()
+            self.engine.engine.cancel_all()
 
     def close(self) -> None:
         if self.engine is not None:
