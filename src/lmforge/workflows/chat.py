@@ -91,19 +91,21 @@ def reply(model: Any, fmt: ChatFormat, messages: Sequence[Message], options: Any
 
     from lmforge.generation import stream
     from lmforge.generation.options import GenerateOptions
+    from lmforge.models.interfaces import special_ids
 
     options = options or GenerateOptions(max_new_tokens=256)
+    stops = special_ids(model, fmt.tokenizer).ending(fmt.stop_ids)  # the server's stops for a chat reply
     ids = fmt.prompt_ids(messages)
     settings = options.sampling()
     room = model.config.max_positions - len(ids)
     settings["max_new_tokens"] = min(settings["max_new_tokens"], room)
     settings["stop_strings"] = settings["stop_strings"] or None
     device = next(model.parameters()).device
-    for tokens in stream(model, torch.tensor([ids], device=device), stop_ids=fmt.stop_ids, tokenizer=fmt.tokenizer,
+    for tokens in stream(model, torch.tensor([ids], device=device), stop_ids=stops, tokenizer=fmt.tokenizer,
                          **settings):
         token = int(tokens[0])
         yield token
-        if token in fmt.stop_ids:
+        if token in stops:
             return
 
 

@@ -134,14 +134,16 @@ def greedy_replies(model: torch.nn.Module, fmt: ChatFormat, prompts: list[list[i
     """The greedy reply to each prompt, batched on the decoding engine (each row independent of the others)."""
     from lmforge.generation.decoding import engine_for
     from lmforge.generation.engine import Request
+    from lmforge.models.interfaces import special_ids
 
     room = model.config.max_positions
     longest = min(room, max(map(len, prompts)) + max_new_tokens)
     engine = engine_for(model, min(batch_size, len(prompts)), longest, 0, False, fmt.tokenizer)
     if engine is None:
         raise LmforgeError("--tasks: this model cannot generate replies (a decoder is needed)")
-    generations = [engine.submit(Request(p, max_new_tokens=min(max_new_tokens, room - len(p)),
-                                         stop_ids=fmt.stop_ids)) for p in prompts]
+    stops = special_ids(model, fmt.tokenizer).ending(fmt.stop_ids)  # as the server's and ``chat``'s replies
+    generations = [engine.submit(Request(p, max_new_tokens=min(max_new_tokens, room - len(p)), stop_ids=stops))
+                   for p in prompts]
     engine.run()
     return [fmt.reply_text(g.tokens) for g in generations]
 
