@@ -216,6 +216,10 @@ def test_a_command_default_is_the_commands_own():
     (["generate", "--model", "m", "--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
     (["generate", "--model", "m", "--top-p", "1.5"], "argument --top-p: must be <= 1, got 1.5"),
     (["generate", "--model", "m", "--temperature", "x"], "argument --temperature: expected a number, got 'x'"),
+    (["generate", "--model", "m", "--seed", str(2**64)],  # a torch.Generator takes no more: refused, not crashed
+     f"argument --seed: must be <= {2**64 - 1}, got {2**64}"),
+    (["generate", "--model", "m", "--stop", ""], "generate.stop[0]: must not be empty"),
+    (["generate", "--model", "m", "--beams", "2", "--top-k", "5"], "generate.beams: beam search is deterministic"),
     (["pretrain", "--config", "gpt-mini", "--lr", "-1"], "argument --lr: must be > 0, got -1.0"),
     (["pretrain", "--config", "gpt-mini", "--precision", "fp8"],
      "argument --precision: expected one of auto, fp32, bf16, fp16, got 'fp8'"),

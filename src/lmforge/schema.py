@@ -40,14 +40,14 @@ import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass
+from numbers import Real
 from pathlib import Path
 from typing import Any, Literal
 
 from lmforge.errors import LmforgeError
 
-__all__ = ["Recipe", "Text", "build", "check_section", "closest", "default_values", "describe", "diff_recipes",
-           "find_recipe",
-           "load_recipe", "plain", "setting", "split_override"]
+__all__ = ["Recipe", "Text", "api_rules", "build", "check_range", "check_section", "closest", "default_values",
+           "describe", "diff_recipes", "find_recipe", "load_recipe", "plain", "setting", "split_override"]
 
 
 class Text(str):
@@ -56,16 +56,22 @@ class Text(str):
 
 def setting(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
             min: float | None = None, max: float | None = None, above: float | None = None,
-            below: float | None = None, choices: Iterable[Any] | None = None, flag: bool = True,
+            below: float | None = None, choices: Iterable[Any] | None = None, nonempty: bool = False,
+            max_items: int | None = None, api: typing.Mapping[str, Any] | None = None, flag: bool = True,
             short: str | None = None, metavar: str | None = None, may_change: bool = False) -> Any:
     """A dataclass field with what the schema needs: help, range (min <= v <= max, above < v < below), choices.
 
+    A list's items are each checked by the range; ``nonempty`` refuses an empty string (or an empty string in a
+    list), ``max_items`` a longer list. ``api`` holds the rules of the HTTP API (OpenAI's) where they differ
+    from the rest, e.g. ``api={"max": 2}`` for a temperature: the server's request models read the field's
+    rules through ``api_rules``, everything else reads the field's own.
     ``flag=False`` keeps a field out of the command line (KEY=VALUE and YAML still set it); ``may_change``
     marks a key that a resumed run may change (how long, how often: not what is trained on).
     """
     meta = {"help": help, "min": min, "max": max, "above": above, "below": below,
-            "choices": tuple(choices) if choices is not None else None, "flag": flag, "short": short,
-            "metavar": metavar, "may_change": may_change}
+            "choices": tuple(choices) if choices is not None else None, "nonempty": nonempty,
+            "max_items": max_items, "api": dict(api or {}), "flag": flag, "short": short, "metavar": metavar,
+            "may_change": may_change}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -185,21 +191,53 @@ def split_list(text: str) -> list[Text]:
     return [Text(item[1:-1] if len(item) > 1 and item[0] == item[-1] and item[0] in "'\"" else item) for item in items]
 
 
+BOUNDS = (("min", ">=", lambda v, b: v >= b), ("max", "<=", lambda v, b: v <= b),
+          ("above", ">", lambda v, b: v > b), ("below", "<", lambda v, b: v < b))
+
+
 def check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
-    """The field's choices and bounds (numbers only; None passes: it means "off" or "default")."""
+    """The field's choices, bounds and lengths (None passes: it means "off" or "default"); a list's items are
+    each checked by the bounds (``key[i]``). NaN is outside every bound.
+
+    >>> check_range([" ", ""], {"nonempty": True}, "stop")
+    Traceback (most recent call last):
+    ...
+    lmforge.errors.LmforgeError: stop[1]: must not be empty
+    """
     if value is None:
         return
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         raise LmforgeError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, list | tuple):
+        most = meta.get("max_items")
+        if most is not None and len(value) > most:
+            raise LmforgeError(f"{key}: must have at most {most} items, got {len(value)}")
+        for i, item in enumerate(value):
+            check_range(item, {**meta, "choices": None}, f"{key}[{i}]")
         return
-    rules = [("min", lambda b: value >= b, ">="), ("max", lambda b: value <= b, "<="),
-             ("above", lambda b: value > b, ">"), ("below", lambda b: value < b, "<")]
-    for name, holds, sign in rules:
+    if isinstance(value, str):
+        if meta.get("nonempty") and not value:
+            raise LmforgeError(f"{key}: must not be empty")
+        return
+    if isinstance(value, bool) or not isinstance(value, Real):  # a NumPy number is one too
+        return
+    for name, sign, holds in BOUNDS:
         bound = meta.get(name)
-        if bound is not None and not holds(bound):
+        if bound is not None and not holds(value, bound):
             raise LmforgeError(f"{key}: must be {sign} {bound}, got {value!r}")
+
+
+def api_rules(f: dataclasses.Field) -> dict[str, Any]:
+    """A field's rules as the HTTP API applies them: its own, replaced by those its ``api`` declares.
+
+    >>> @dataclass
+    ... class Demo:
+    ...     temperature: float = setting(0.0, "softmax temperature", min=0, api={"max": 2})
+    >>> rules = api_rules(dataclasses.fields(Demo)[0]); rules["min"], rules["max"]
+    (0, 2)
+    """
+    return {**f.metadata, **(f.metadata.get("api") or {})}
 
 
 def check_section(cls: type, values: typing.Mapping[str, Any], section: str) -> dict[str, Any]:

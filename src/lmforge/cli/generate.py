@@ -40,7 +40,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from lmforge.errors import LmforgeError
     from lmforge.generation import generate, pad_prompts, stream
     from lmforge.generation.text import TextStream, cut_at_stop, fit_window, prompt_ids
-    from lmforge.models.interfaces import generates_text, is_encoder_decoder
+    from lmforge.models.interfaces import generates_text, is_encoder_decoder, special_ids
 
     opts: GenerateOptions = args.settings["generate"]
     model, tokenizer = load(args.model, device=args.settings["runtime"].device)
@@ -61,7 +61,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if opts.temperature == 0 and (opts.top_k or opts.top_p):
         print("lmforge generate: --temperature 0 is greedy decoding: --top-k / --top-p have no effect",
               file=sys.stderr)
-    options = {**opts.sampling(), "tokenizer": tokenizer}
+    special = special_ids(model, tokenizer)
+    options = {**opts.sampling(), "tokenizer": tokenizer, "stop_ids": list(special.stops)}
     device = next(model.parameters()).device
     total_tokens, start = 0, time.perf_counter()
     prompts = [args.prompt] if args.prompt is not None else input_lines(None, errors=args.settings["input"].errors)
@@ -76,13 +77,13 @@ def run_generate(args: argparse.Namespace) -> int:
                 for n, (*_, note) in enumerate(fitted, first + 1):
                     if note:
                         print(f"lmforge generate: prompt {n}: {note}", file=sys.stderr)
-            ids, mask = pad_prompts(encoded, config.pad_id or 0, device)
+            ids, mask = pad_prompts(encoded, special.pad, device)
             out = generate(model, ids, mask, beams=opts.beams, length_penalty=opts.length_penalty, **options)
             for prompt, new in zip(chunk, out.to_lists(), strict=True):
                 text = tokenizer.decode(new, skip_special_tokens=True)
                 cut = cut_at_stop(text, opts.stop or [])
                 by_string = cut != text or any(map(cut.endswith, opts.stop or []))
-                stopped = (bool(new) and new[-1] == config.eos_id) or by_string
+                stopped = (bool(new) and new[-1] in special.stops) or by_string
                 print(json.dumps({"prompt": prompt, "text": cut,
                                   "ids": new, "new_tokens": len(new), "stopped": stopped}, ensure_ascii=False),
                       flush=True)

@@ -40,6 +40,7 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.generation.beam import beam_search
 from lmforge.generation.lm import LM
+from lmforge.generation.options import check_decoding
 from lmforge.generation.outputs import TextOutput
 from lmforge.generation.requests import Generation, Request
 from lmforge.generation.sampling import draw
@@ -99,35 +100,6 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) ->
                                                                                    strict=True)]
 
 
-def check_options(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
-                  top_p: float | None, beams: int, repetition_penalty: float = 1.0) -> None:
-    """Reject settings that make no sense, naming the option (the CLI prints it as one line)."""
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise LmforgeError(f"input_ids must have shape (batch, length >= 1), got {tuple(input_ids.shape)}")
-    if max_new_tokens < 0:
-        raise LmforgeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise LmforgeError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise LmforgeError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise LmforgeError(f"top_p must be in (0, 1], got {top_p}")
-    if beams < 1:
-        raise LmforgeError(f"beams must be >= 1, got {beams}")
-    if not repetition_penalty > 0:
-        raise LmforgeError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
-    if beams > 1 and repetition_penalty != 1.0:
-        raise LmforgeError("repetition_penalty: works with greedy decoding and sampling, not with beam search")
-    if beams > 1 and (temperature > 0 or top_k is not None or top_p is not None):
-        raise LmforgeError("beams: beam search is deterministic; use it with temperature 0 and no top_k/top_p")
-
-
-def model_ids(model: nn.Module, stop_ids: Sequence[int] | None, pad_id: int | None) -> tuple[list[int], int]:
-    """Stop tokens (default: the model's eos_id) and the padding id (default: the model's, ``special_ids``)."""
-    ids = special_ids(model)
-    return (list(stop_ids) if stop_ids is not None else ids.stops), (pad_id if pad_id is not None else ids.pad)
-
-
 def lm_for(model: nn.Module, compile: bool | None, tokenizer: Any = None, start_id: int | None = None) -> LM | None:
     """An ``LM`` over ``model`` for one call (its engine sized to the call), or None for the models the engine does
     not drive (RNNs, captioners, toys): they decode on a plain stepper."""
@@ -157,16 +129,18 @@ class Decoding:
     tokenizer: Any = None
 
     def resolve(self, model: nn.Module, input_ids: torch.Tensor, beams: int, keep_logits: bool) -> Options:
-        """Checked, with the model's stop and pad ids filled in; errors name the option."""
-        check_options(input_ids, self.max_new_tokens, self.temperature, self.top_k, self.top_p, beams,
-                      self.repetition_penalty)
-        if beams > 1 and self.stop_strings:
-            raise LmforgeError("stop_strings: beam search ends on stop tokens only; use greedy or sampling")
+        """Checked against the settings' declarations (``options.check_decoding``: errors name the option), with
+        the model's stop and pad ids filled in (``special_ids``)."""
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise LmforgeError(f"input_ids must have shape (batch, length >= 1), got {tuple(input_ids.shape)}")
+        check_decoding(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                       top_p=self.top_p, repetition_penalty=self.repetition_penalty, beams=beams, seed=self.seed,
+                       stop_strings=self.stop_strings)
         if self.stop_strings and self.tokenizer is None:
             raise LmforgeError("stop_strings: pass the tokenizer, to read the text the tokens make")
-        stop, pad = model_ids(model, self.stop_ids, self.pad_id)
-        return Options(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.repetition_penalty, stop,
-                       pad, self.stop_strings or (), keep_logits)
+        ids = special_ids(model, self.tokenizer, stops=self.stop_ids, pad=self.pad_id)
+        return Options(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.repetition_penalty,
+                       list(ids.stops), ids.pad, self.stop_strings or (), keep_logits)
 
 
 @dataclass

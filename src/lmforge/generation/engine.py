@@ -54,12 +54,9 @@ class Engine:
         context = model.config.max_positions
         self.tokenizer, self.seq2seq = tokenizer, is_encoder_decoder(model)
         self.capacity = min(capacity or min(context, 2048), context)
-        self.ids = special_ids(model)
-        start = start_id if start_id is not None else self.ids.decoder_start
-        if self.seq2seq and start is None:
-            raise LmforgeError("decoder_start_id: the model config has no bos_id; pass start_id")
-        self.runner = make_runner(model, slots, self.capacity, min(memory or context, context), start,
-                                  prefix_blocks, self.ids.pad, compile, runner)
+        self.ids = special_ids(model, tokenizer, start=start_id)  # an encoder-decoder without a start: one line
+        self.runner = make_runner(model, slots, self.capacity, min(memory or context, context),
+                                  self.ids.decoder_start, prefix_blocks, self.ids.pad, compile, runner)
         self.scheduler = Scheduler(self.runner.n_slots)
         self.outputs = Outputs(tokenizer)
         self.sink: Callable[[list[Generation]], None] = self.outputs.process

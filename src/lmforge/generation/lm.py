@@ -23,7 +23,7 @@ from torch import nn
 from lmforge.generation.engine import Engine
 from lmforge.generation.requests import Generation, Request
 from lmforge.generation.slots import MIN_ROWS, bucket, buckets
-from lmforge.models.interfaces import is_encoder_decoder
+from lmforge.models.interfaces import is_encoder_decoder, special_ids
 
 
 class LM:
@@ -99,7 +99,7 @@ class LM:
         (max_new_tokens cut to the room the context leaves)."""
         ids = self.chat_format.prompt_ids(messages)
         settings["max_new_tokens"] = min(settings.get("max_new_tokens", 256), self.context - len(ids))
-        settings.setdefault("stop_ids", self.chat_format.stop_ids)
+        settings.setdefault("stop_ids", special_ids(self.model, self.tokenizer).ending(self.chat_format.stop_ids))
         texts: list[str] = []
         sent = 0
         for (g,) in self.steps([Request(ids, on_text=texts.append, **settings)]):

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.models.interfaces import is_encoder_decoder
+from lmforge.models.interfaces import is_encoder_decoder, special_ids
 from lmforge.nn.layers import LayerCache
 
 if TYPE_CHECKING:
@@ -229,12 +229,7 @@ def make_steps(
     caches: reuse these (emptied) instead of allocating new ones; they must fit the batch and lengths.
     """
     if is_encoder_decoder(model):
-        if start_id is None:
-            config = getattr(model, "config", None)
-            start_id = getattr(config, "decoder_start_id", None)
-            start_id = getattr(config, "bos_id", None) if start_id is None else start_id
-            if start_id is None:
-                raise LmforgeError("decoder_start_id: the model config has no bos_id; pass start_id")
+        start_id = special_ids(model, start=start_id).decoder_start  # none: one line naming it
         return Seq2SeqSteps(model, input_ids, attention_mask, max_new_tokens, use_cache, start_id, caches)
     return DecoderSteps(model, input_ids, attention_mask, max_new_tokens, use_cache, caches)
 

@@ -24,14 +24,15 @@ def source_ids(tokenizer: Any, text: str) -> list[int]:
 def prompt_ids(model: Any, tokenizer: Any, text: str) -> list[int]:
     """The ids ``generate`` starts from: a decoder's prompt without template tokens (an [EOS] at its end
     would end it), an encoder-decoder's source as in training; an empty prompt starts from ``bos_id``."""
-    from lmforge.models.interfaces import is_encoder_decoder
+    from lmforge.models.interfaces import is_encoder_decoder, special_ids
 
     if is_encoder_decoder(model):
         ids = source_ids(tokenizer, text)
     else:
         ids = tokenizer.encode(text, add_special_tokens=False).ids
-    if not ids and model.config.bos_id is not None:
-        ids = [model.config.bos_id]
+    bos = special_ids(model, tokenizer).bos
+    if not ids and bos is not None:
+        ids = [bos]
     if not ids:
         raise LmforgeError("--prompt: the prompt is empty and the model has no bos_id to start from")
     return ids

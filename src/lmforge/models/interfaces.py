@@ -9,13 +9,20 @@ source once and then decodes target tokens against it, with per-layer caches for
 
 ``lmforge.generation`` drives every model that satisfies it, and a decoder-only model (GPT) the same way
 through its own ``new_caches``. ``is_encoder_decoder(model)`` is the one test the code uses.
+
+``special_ids(model, tokenizer)`` is the one place the ids generation needs are read: where a row stops, what
+fills a finished row, what an empty prompt and an encoder-decoder's decoder start from.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from lmforge.errors import LmforgeError
 
 
 @runtime_checkable
@@ -47,21 +54,49 @@ def generates_text(model: Any) -> bool:
     return isinstance(model, Decoder) or is_encoder_decoder(model)
 
 
-class SpecialIds(NamedTuple):
-    """A model's special token ids, resolved by one rule (``special_ids``)."""
+@dataclass(frozen=True)
+class SpecialIds:
+    """The special ids of a model, resolved once (``special_ids``)."""
 
-    eos: int | None
-    pad: int
-    bos: int | None
-    decoder_start: int | None
-    stops: list[int]
+    eos: int | None  # end of text
+    pad: int  # fills a finished row and a left-padded prompt: pad_id, else eos, else 0
+    bos: int | None  # beginning of text: an empty prompt starts from it
+    decoder_start: int | None  # an encoder-decoder's first decoder token (None for a decoder-only model)
+    stops: tuple[int, ...]  # the tokens that end a row: those given, else (eos,)
+
+    def ending(self, more: Iterable[int] = ()) -> list[int]:
+        """The stop tokens and ``more`` (a chat template's end-of-turn tokens), sorted, each once."""
+        return sorted({*self.stops, *more})
 
 
-def special_ids(model: Any, tokenizer: Any = None) -> SpecialIds:
-    """The ids decoding needs: pad = pad_id, else eos, else 0; an encoder-decoder's first target token =
-    decoder_start_id, else bos_id; the tokens that stop a reply = [eos] (none without one)."""
+def special_ids(model: Any, tokenizer: Any = None, *, stops: Sequence[int] | None = None, pad: int | None = None,
+                start: int | None = None) -> SpecialIds:
+    """The ids generation needs, by one rule. Each of eos / pad / bos is the model config's, else the tokenizer's
+    (``model`` may be None: a chat format knows only its tokenizer); then
+
+        pad            = ``pad`` given, else pad_id, else eos, else 0
+        decoder_start  = ``start`` given, else decoder_start_id, else bos_id; an encoder-decoder without one is an
+                         error naming it
+        stops          = ``stops`` given (``[]``: none), else [eos] (none without an eos)
+
+    >>> class Config: eos_id, pad_id, bos_id = 2, None, 1
+    >>> class Model: config = Config()
+    >>> special_ids(Model())
+    SpecialIds(eos=2, pad=2, bos=1, decoder_start=None, stops=(2,))
+    """
     config = getattr(model, "config", None)
-    eos, pad, bos = (getattr(config, name, None) for name in ("eos_id", "pad_id", "bos_id"))
-    start = getattr(config, "decoder_start_id", None)
-    return SpecialIds(eos, pad if pad is not None else (eos if eos is not None else 0), bos,
-                      start if start is not None else bos, [eos] if eos is not None else [])
+
+    def read(name: str) -> int | None:
+        value = getattr(config, name, None)
+        return value if value is not None else getattr(tokenizer, name, None)
+
+    eos, bos = read("eos_id"), read("bos_id")
+    pad = next((i for i in (pad, read("pad_id"), eos) if i is not None), 0)
+    decoder_start = None
+    if is_encoder_decoder(model):
+        decoder_start = next((i for i in (start, getattr(config, "decoder_start_id", None), bos) if i is not None),
+                             None)
+        if decoder_start is None:
+            raise LmforgeError("decoder_start_id: the model config has no decoder_start_id or bos_id; pass start_id")
+    stops = tuple(stops) if stops is not None else ((eos,) if eos is not None else ())
+    return SpecialIds(eos, pad, bos, decoder_start, stops)

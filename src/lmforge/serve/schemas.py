@@ -8,6 +8,11 @@ reads the text parts (joined by a line break); an image or audio part is refused
 Fields the OpenAI API knows and lmforge does not implement are accepted only at their neutral value
 (``presence_penalty: 0``, ``n: 1``, ``echo: false``); a field the OpenAI API would reject is rejected here too
 (``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``.
+
+The sampling fields' ranges are not written here: ``declared`` reads them from their declaration in
+``generation.options.GenerateOptions`` (the flags' and ``generate``'s), with OpenAI's own where the field's ``api``
+says so (temperature <= 2, max_tokens >= 1, at most 4 stop strings). Only the wire names and OpenAI's defaults
+(temperature 1, top_p 1) are this module's.
 """
 
 from __future__ import annotations
@@ -16,7 +21,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes
+from lmforge.errors import LmforgeError
+from lmforge.generation.options import SETTINGS
+from lmforge.schema import api_rules, check_range
+
+
+def declared(name: str, default: Any) -> Any:
+    """The pydantic field of the decoding setting ``name`` (a field of ``GenerateOptions``): its bounds as the HTTP
+    API takes them (``schema.api_rules``), finite numbers only, its help as the description (the OpenAPI page)."""
+    rules = api_rules(SETTINGS[name])
+    return Field(default, ge=rules["min"], le=rules["max"], gt=rules["above"], lt=rules["below"],
+                 allow_inf_nan=False, description=rules["help"])
 
 
 def no_surrogates(text: str) -> str:
@@ -40,13 +55,13 @@ class Sampling(Strict):
     """What a completion and a chat completion share."""
 
     model: Text | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int | None = Field(None, ge=1)
-    repetition_penalty: float = Field(1.0, gt=0)
+    max_tokens: int | None = declared("max_new_tokens", None)  # None: the server's --max-tokens
+    temperature: float = declared("temperature", 1.0)
+    top_p: float = declared("top_p", 1.0)
+    top_k: int | None = declared("top_k", None)
+    repetition_penalty: float = declared("repetition_penalty", 1.0)
     stop: Text | list[Text] | None = Field(None, validate_default=True)  # always a list once checked
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    seed: int | None = declared("seed", None)
     n: Literal[1] = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -58,8 +73,10 @@ class Sampling(Strict):
     @classmethod
     def stop_strings(cls, value: str | list[str] | None) -> list[str]:
         stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("up to 4 non-empty stop strings")
+        try:
+            check_range(stops, api_rules(SETTINGS["stop"]), "stop")
+        except LmforgeError as err:  # the 400 names the field: the message says the rest
+            raise ValueError(str(err).removeprefix("stop: ")) from None
         return stops
 
     def include_usage(self) -> bool:
@@ -96,7 +113,7 @@ class Message(Strict):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = declared("max_new_tokens", None)
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.plain() for m in self.messages]
@@ -105,7 +122,6 @@ class ChatRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: Text | list[Text]
     echo: Literal[False] = False
-    max_tokens: int | None = Field(None, ge=1)  # None: the server's --max-tokens
 
     @field_validator("prompt")
     @classmethod

@@ -135,14 +135,15 @@ def greedy_replies(model: torch.nn.Module, fmt: ChatFormat, prompts: list[list[i
     ``batch_size`` requests decode together, the others wait for a free slot."""
     from lmforge.generation.lm import LM
     from lmforge.generation.requests import Request
-    from lmforge.models.interfaces import generates_text, is_encoder_decoder
+    from lmforge.models.interfaces import generates_text, is_encoder_decoder, special_ids
 
     if not generates_text(model) or is_encoder_decoder(model):
         raise LmforgeError("--tasks: this model cannot generate replies (a decoder is needed)")
     room = model.config.max_positions
     longest = min(room, max(map(len, prompts)) + max_new_tokens)
     lm = LM(model, fmt.tokenizer, fmt, slots=min(batch_size, len(prompts)), capacity=longest)
-    generations = lm.run([Request(p, max_new_tokens=min(max_new_tokens, room - len(p)), stop_ids=fmt.stop_ids)
+    stops = special_ids(model, fmt.tokenizer).ending(fmt.stop_ids)  # as the server's and ``chat``'s replies
+    generations = lm.run([Request(p, max_new_tokens=min(max_new_tokens, room - len(p)), stop_ids=stops)
                           for p in prompts])
     return [fmt.reply_text(g.tokens) for g in generations]
 

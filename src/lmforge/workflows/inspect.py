@@ -91,6 +91,7 @@ def attention_maps(model: nn.Module, tokenizer: Any, text: str, target: str | No
     tokens when the caller has them (a chat template's rendering), instead of tokenizing ``text``.
     """
     from lmforge.models import Decoder, Seq2Seq
+    from lmforge.models.interfaces import special_ids
 
     core = backbone(model).eval()
     config = core.config
@@ -106,9 +107,7 @@ def attention_maps(model: nn.Module, tokenizer: Any, text: str, target: str | No
             weights = _stack(out.attentions)
             return AttentionMaps(name, text, {view: AttentionView(view, labels, labels, weights, view == "decoder")})
         enc = core.encode(x, output_attentions=True)
-        start = config.bos_id if config.bos_id is not None else tokenizer.cls_id
-        if start is None:
-            raise LmforgeError("--model: the encoder-decoder's config has no bos_id to start the decoder")
+        start = special_ids(core, tokenizer).decoder_start
         if target is None:
             from lmforge.generation import generate
 

@@ -210,11 +210,10 @@ class ModelService:
         return ids
 
     def stop_ids(self, chat: bool) -> list[int]:
-        eos = getattr(self.model.config, "eos_id", None)
-        stops = {eos} if eos is not None else set()
-        if chat:
-            stops |= set(self.chat_format.stop_ids)
-        return sorted(stops)
+        """The model's stop tokens (``special_ids``), and a chat reply's end-of-turn tokens."""
+        from lmforge.models.interfaces import special_ids
+
+        return special_ids(self.model, self.tokenizer).ending(self.chat_format.stop_ids if chat else ())
 
     def complete(self, request: Request) -> Generation:
         """Queue a generation on the engine thread (any thread; tokens arrive through the request's callbacks)."""

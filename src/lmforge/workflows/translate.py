@@ -26,6 +26,7 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.text import source_ids
+from lmforge.models.interfaces import special_ids
 
 
 @torch.inference_mode()
@@ -48,9 +49,8 @@ def translate(
 
     model.eval()
     device = next(model.parameters()).device
-    config = model.config
-    max_positions = int(getattr(config, "max_positions", 1024))
-    pad_id = config.pad_id if config.pad_id is not None else 0
+    max_positions = int(getattr(model.config, "max_positions", 1024))
+    pad_id = special_ids(model, tokenizer).pad
     encoded = []
     for i, text in enumerate(sources):
         ids = source_ids(tokenizer, text)
@@ -152,9 +152,9 @@ def alignment(model: nn.Module, tokenizer, source: str, target: str, layer: int 
     device = next(model.parameters()).device
     src = source_ids(tokenizer, source)
     tgt = source_ids(tokenizer, target)
-    bos = model.config.bos_id if model.config.bos_id is not None else 0
+    start = special_ids(model, tokenizer).decoder_start
     src_ids = torch.tensor([src], device=device)
-    tgt_ids = torch.tensor([[bos, *tgt]], device=device)
+    tgt_ids = torch.tensor([[start, *tgt]], device=device)
     out = model(src_ids, tgt_ids, output_attentions=True)
     cross = out.cross_attentions
     if not cross:
