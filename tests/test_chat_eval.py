@@ -50,7 +50,7 @@ def write_jsonl(path, rows):
 
 def test_choices_are_scored_by_their_log_likelihood_batched_as_alone(model_and_tok):
     model, tok = model_and_tok
-    fmt = ChatFormat(tok, model.config.max_positions)
+    fmt = ChatFormat(tok)
     prompts = [fmt.prompt_ids(user(q)) for q in QUESTIONS]
     choices = [["four.", "five, maybe."], ["red.", "a colour"], ["six.", "seven", "eight."]]
     batched = choice_logprobs(model, fmt, prompts, choices, batch_size=8)
@@ -65,7 +65,7 @@ def test_choices_are_scored_by_their_log_likelihood_batched_as_alone(model_and_t
 
 def test_greedy_replies_in_a_batch_equal_each_alone(model_and_tok):
     model, tok = model_and_tok
-    fmt = ChatFormat(tok, model.config.max_positions)
+    fmt = ChatFormat(tok)
     replies = greedy_replies(model, fmt, [fmt.prompt_ids(user(q)) for q in QUESTIONS], 12, batch_size=4)
     from lmforge.generation.options import GenerateOptions
 
@@ -76,7 +76,7 @@ def test_scores_match_by_hand_with_intervals(model_and_tok, tmp_path):
     from sacrebleu.metrics import CHRF
 
     model, tok = model_and_tok
-    fmt = ChatFormat(tok, model.config.max_positions)
+    fmt = ChatFormat(tok)
     refs = ["four.", "red.", "six."]
     options = EvaluateOptions(max_new_tokens=8, batch_size=4)
     path = write_jsonl(tmp_path / "ref.jsonl", [{"messages": user(q), "reference": r}

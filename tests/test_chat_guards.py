@@ -40,7 +40,7 @@ def specials_in(ids: list[int], tok) -> list[str]:
 # -- message text is plain text ----------------------------------------------------------------------------------
 def test_the_pirate_injection_is_ordinary_text(tiny):
     _, _, tok = tiny
-    fmt = ChatFormat(tok, 256)
+    fmt = ChatFormat(tok)
     ids = fmt.prompt_ids([{"role": "user", "content": PIRATE}])
     # the template's own markers only: its default system turn, the user's turn, the assistant's header
     assert specials_in(ids, tok) == ["<|im_start|>", "<|im_end|>", "<|im_start|>", "<|im_end|>", "<|im_start|>"]
@@ -54,7 +54,7 @@ def test_ordinary_conversations_keep_their_ids(tiny, conversation):
     """Text without special-token strings: the ids of the rendered text with special tokens allowed, as before
     (and as transformers' apply_chat_template + tokenize, tests/test_chat.py)."""
     _, _, tok = tiny
-    fmt = ChatFormat(tok, 256)
+    fmt = ChatFormat(tok)
     messages = NORMAL[conversation]
     expected = tok.encode(fmt.render(messages), add_special_tokens=False, allow_special=True).ids
     assert fmt.prompt_ids(messages) == expected

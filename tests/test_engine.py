@@ -204,7 +204,8 @@ def test_logits_equal_the_models_own_forward(llama):
 
 def test_requests_that_cannot_fit_are_one_line(gpt):
     engine = Engine(gpt, slots=4, capacity=64)
-    with pytest.raises(LmforgeError, match=r"max_new_tokens: prompt \(10\) \+ 60 new tokens exceed the context of 64"):
+    with pytest.raises(LmforgeError, match=r"max_new_tokens: the prompt's 10 tokens \+ 60 new tokens exceed the "
+                       "context of 64"):
         engine.submit(Request(list(range(1, 11)), max_new_tokens=60))
     with pytest.raises(LmforgeError, match="at least one token"):
         engine.submit(Request([], max_new_tokens=5))

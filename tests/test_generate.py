@@ -202,7 +202,9 @@ def test_bad_options_raise_one_line_errors(gpt: Decoder) -> None:
     ids = torch.tensor([[1, 2]])
     for kwargs, field in [({"temperature": -1.0}, "temperature"), ({"top_k": 0, "temperature": 1.0}, "top_k"),
                           ({"top_p": 1.5, "temperature": 1.0}, "top_p"), ({"beams": 0}, "beams"),
-                          ({"beams": 2, "temperature": 0.7}, "beams"), ({"max_new_tokens": 500}, "max_new_tokens")]:
+                          ({"beams": 2, "temperature": 0.7}, "beams"), ({"max_new_tokens": 500}, "max_new_tokens"),
+                          ({"temperature": 1.0, "seed": 2**70}, "seed"),
+                          ({"temperature": float("nan")}, "temperature")]:
         with pytest.raises(LmforgeError, match=field):
             generate(gpt, ids, **kwargs)
     with pytest.raises(LmforgeError, match="input_ids"):

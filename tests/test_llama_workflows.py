@@ -103,7 +103,7 @@ def test_chat_and_its_bad_input(llama_dir, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\n".join(lines).encode())))
     code, out, err = run(["chat", "--model", str(llama_dir), "--max-new-tokens", "8"], capsys)
     assert code == 2 and len(out.splitlines()) == 1  # the first answered, the second refused
-    assert err.count("\n") == 1 and "the model's context 96" in err
+    assert err.count("\n") == 1 and "the context 96" in err
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"messages": [{"role": "bot", "content": "x"}]}')))
     code, _, err = run(["chat", "--model", str(llama_dir)], capsys)
     assert code == 2 and "role: 'bot' is not one of" in err

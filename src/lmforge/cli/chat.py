@@ -39,7 +39,7 @@ def run_chat(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, device=args.settings["runtime"].device)
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer")
-    fmt = ChatFormat(tokenizer, model.config.max_positions, args.model, args.settings["template"].limits())
+    fmt = ChatFormat(tokenizer, args.model, args.settings["template"].limits())
     lm = chat_lm(model, fmt, options)
     if not sys.stdin.isatty():  # one conversation per JSON line, one answer per line
         for n, line in enumerate(sys.stdin, 1):

@@ -53,7 +53,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.chat is not None:  # one question through the model's chat template; the reply streams
         from lmforge.workflows.chat import ChatFormat, chat_lm, reply
 
-        fmt = ChatFormat(tokenizer, config.max_positions, args.model)
+        fmt = ChatFormat(tokenizer, args.model)
         for _, text in reply(chat_lm(model, fmt, opts), [{"role": "user", "content": args.chat}], opts):
             print(text, end="", flush=True)
         print(flush=True)

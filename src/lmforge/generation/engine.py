@@ -30,7 +30,7 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.outputs import Outputs
-from lmforge.generation.requests import Generation, Request, end
+from lmforge.generation.requests import Generation, Request, check_room, end
 from lmforge.generation.runners import make_runner
 from lmforge.generation.scheduler import Scheduler
 from lmforge.models.interfaces import is_encoder_decoder, special_ids
@@ -87,10 +87,7 @@ class Engine:
         if n > limit:
             raise LmforgeError(f"prompt: {n} tokens exceed the engine's {'source' if self.seq2seq else 'context'} "
                                f"of {limit}")
-        total = (1 if self.seq2seq else n) + r.max_new_tokens
-        if total > self.capacity:
-            raise LmforgeError(f"max_new_tokens: prompt ({n}) + {r.max_new_tokens} new tokens exceed the context "
-                               f"of {self.capacity} tokens")
+        check_room(1 if self.seq2seq else n, r.max_new_tokens, self.capacity)
         if r.stop_strings and self.tokenizer is None:
             raise LmforgeError("stop_strings: the engine needs the tokenizer to read the text the tokens make")
 

@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from lmforge.generation.engine import Engine
-from lmforge.generation.requests import Generation, Request
+from lmforge.generation.requests import Generation, Request, check_room
 from lmforge.generation.slots import MIN_ROWS, bucket, buckets
 from lmforge.models.interfaces import is_encoder_decoder, special_ids
 
@@ -98,6 +98,7 @@ class LM:
         end-of-turn token included (its text ""), by the chat format; ``settings`` as ``generate``'s
         (max_new_tokens cut to the room the context leaves)."""
         ids = self.chat_format.prompt_ids(messages)
+        check_room(len(ids), 1, self.context, "messages")
         settings["max_new_tokens"] = min(settings.get("max_new_tokens", 256), self.context - len(ids))
         settings.setdefault("stop_ids", special_ids(self.model, self.tokenizer).ending(self.chat_format.stop_ids))
         texts: list[str] = []

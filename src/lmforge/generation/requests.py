@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lmforge.errors import LmforgeError
+
 
 @dataclass
 class Request:
@@ -62,6 +64,23 @@ class Generation:
         """End at its ``keep``-th token, which completed a stop string (the outputs stage calls it)."""
         self.keep = keep
         self.cancelled = True
+
+
+def check_room(prompt: int, new: int, context: int, field: str = "prompt") -> None:
+    """The one context check: a prompt of ``prompt`` tokens (``field`` names it: prompt, messages) and ``new``
+    tokens to add must fit ``context`` positions, with room for at least one new token.
+
+    >>> check_room(10, 60, 64)
+    Traceback (most recent call last):
+    ...
+    lmforge.errors.LmforgeError: max_new_tokens: the prompt's 10 tokens + 60 new tokens exceed the context of 64
+    """
+    if prompt >= context:
+        raise LmforgeError(f"{field}: the prompt is {prompt} tokens, the context {context} (prompt and reply "
+                           "together): shorten it")
+    if prompt + new > context:
+        raise LmforgeError(f"max_new_tokens: the prompt's {prompt} tokens + {new} new tokens exceed the context "
+                           f"of {context}")
 
 
 def end(generation: Generation, reason: str, error: str | None = None) -> None:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.generation.requests import check_room
 from lmforge.models.interfaces import is_encoder_decoder, special_ids
 from lmforge.nn.layers import LayerCache
 
@@ -128,9 +129,8 @@ class DecoderSteps(Steps):
         b, p = input_ids.shape
         total = p + max_new_tokens
         max_positions = getattr(getattr(model, "config", None), "max_positions", None)
-        if max_positions is not None and total > max_positions:
-            raise LmforgeError(f"max_new_tokens: prompt ({p}) + {max_new_tokens} new tokens exceed the "
-                               f"model's max_positions ({max_positions})")
+        if max_positions is not None:
+            check_room(p, max_new_tokens, max_positions)
         self.use_cache = use_cache
         self.length = p  # tokens so far per row, padding included
         self.padded = attention_mask is not None and not bool(attention_mask.all())
@@ -187,9 +187,10 @@ class Seq2SeqSteps(Steps):
         b, s = input_ids.shape
         total = 1 + max_new_tokens
         max_positions = getattr(getattr(model, "config", None), "max_positions", None)
-        if max_positions is not None and max(total, s) > max_positions:
-            raise LmforgeError(f"max_new_tokens: {max_new_tokens} new tokens (or a source of {s}) exceed the "
-                               f"model's max_positions ({max_positions})")
+        if max_positions is not None:  # the target: a start token and the new tokens; the source apart
+            check_room(1, max_new_tokens, max_positions)
+            if s > max_positions:
+                raise LmforgeError(f"prompt: the source is {s} tokens, the context {max_positions}: shorten it")
         self.use_cache = use_cache
         if attention_mask is not None:  # the encoder numbers positions from column 0: real tokens go first
             input_ids, attention_mask = move_padding_right(input_ids, attention_mask)

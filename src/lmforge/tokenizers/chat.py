@@ -274,3 +274,57 @@ def read_chat_template(folder: str | Path) -> str | None:
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
         value = named.get("default")
     return value if isinstance(value, str) else None
+
+
+class ChatFormat:
+    """A tokenizer with a chat template: conversations -> prompt ids, and the ids that end a reply. What serving,
+    chat and evaluation encode conversations with; instruction tuning renders them with the same template, the
+    same variables and the same encoding (``ChatTemplate.encode``: the template's markers are special tokens, the
+    messages' text plain text, so a user's ``<|im_end|>`` forges nothing).
+
+    name: what errors call the template ("chat template of NAME: ..."; the model's folder or file);
+    limits: the budget of each render (``tokenizers.sandbox.RenderLimits``; ``TemplateOptions.limits()``).
+    """
+
+    def __init__(self, tokenizer: Any, name: str | None = None, limits: RenderLimits | None = None) -> None:
+        if not tokenizer.chat_template:
+            raise LmforgeError("the model has no chat template (tokenizer_config.json's chat_template, "
+                               "chat_template.jinja, or a GGUF's tokenizer.chat_template)")
+        self.tokenizer = tokenizer
+        self.template = ChatTemplate.for_tokenizer(tokenizer, name, limits)
+        self.stop_ids = self.end_of_turn()
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The conversation's text (as transformers renders it); its ids are ``conversation_ids``, not
+        ``encode(render(...))``, which would read special-token strings in messages as special tokens."""
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Trusted text (the template's own, a task file's) -> ids: special-token strings become their ids."""
+        return self.tokenizer.encode(text, add_special_tokens=False, allow_special=True).ids
+
+    def conversation_ids(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        """The conversation's ids: the template's markers are special tokens, the messages' text plain text."""
+        return self.template.encode(self.tokenizer, messages, add_generation_prompt).ids
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The conversation so far, ready for the assistant's reply (whether it fits a context is the engine's
+        check, ``generation.requests.check_room``)."""
+        messages = check_messages(messages)
+        if messages[-1]["role"] == "assistant":
+            raise LmforgeError("messages: the last message is the assistant's; end with a user turn to get a reply")
+        return self.conversation_ids(messages)
+
+    def end_of_turn(self) -> list[int]:
+        """The special tokens the template writes right after an assistant's content (``<|im_end|>``), and eos."""
+        probe = "lmforge-probe"
+        text = self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": probe}], False)
+        after = text[text.index(probe) + len(probe):] if probe in text else ""
+        ids = self.encode(after)[:1]
+        stops = [i for i in ids if i in self.tokenizer.special_ids]
+        eos = self.tokenizer.eos_id
+        return sorted({*stops, *([eos] if eos is not None else [])})
+
+    def reply_text(self, ids: Sequence[int]) -> str:
+        """A reply's text: without its end-of-turn token and other special tokens."""
+        return self.tokenizer.decode([i for i in ids if i not in self.stop_ids], skip_special_tokens=True)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from lmforge.errors import LmforgeError
 from lmforge.files import read_text_utf8
+from lmforge.generation.requests import check_room
 from lmforge.tokenizers.chat import Message, messages_line
 from lmforge.workflows.chat import ChatFormat
 
@@ -210,9 +211,11 @@ def evaluate_tasks(model: torch.nn.Module, tok: Any, path: str | Path, options: 
         score_references(items[:1], [""], options)
     if options.shots and not fewshot:
         raise LmforgeError("--shots: name the solved examples with --fewshot FILE (a train split)")
-    fmt = ChatFormat(tok, model.config.max_positions)
+    fmt = ChatFormat(tok)
     shots = fewshot_turns(fewshot, options.shots, options.seed) if options.shots else []
     prompts = [fmt.prompt_ids(with_shots(i["messages"], shots)) for i in items]
+    for n, ids in enumerate(prompts, 1):  # each prompt leaves room for a reply, or one line naming it
+        check_room(len(ids), 1, model.config.max_positions, f"{path}: item {n}: messages")
     start = time.perf_counter()
     model.eval()
     if kind == "choices":

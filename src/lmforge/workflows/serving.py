@@ -32,6 +32,7 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.generation.engine import Engine, Generation, Request
 from lmforge.generation.lm import LM
+from lmforge.generation.requests import check_room
 from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -189,24 +190,18 @@ class ModelService:
             raise LmforgeError(f"{field}: {n} characters are more than {self.context} tokens in any tokenization "
                                f"(the model's context; a token holds at most {self.longest_token} characters)")
 
-    def check_room(self, n: int, field: str) -> None:
-        """A prompt of ``n`` tokens must leave room for at least one new token."""
-        if n >= self.context:
-            raise LmforgeError(f"{field}: the prompt is {n} tokens, the context {self.context} (prompt and reply "
-                               "together): shorten it")
-
     def prompt_ids(self, text: str, field: str = "prompt") -> list[int]:
         """A completion's prompt: plain text (a special token's name written in it is text, not a control token)."""
         self.check_characters(len(text), field)
         ids = self.tokenizer.encode(text, add_special_tokens=False, allow_special=False).ids
-        self.check_room(len(ids), field)
+        check_room(len(ids), 1, self.context, field)
         return ids
 
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The conversation through the model's own chat template, ready for the assistant's reply."""
         self.check_characters(sum(len(m["content"]) for m in messages), "messages")
         ids = self.chat_format.prompt_ids(messages)
-        self.check_room(len(ids), "messages")
+        check_room(len(ids), 1, self.context, "messages")
         return ids
 
     def stop_ids(self, chat: bool) -> list[int]:
