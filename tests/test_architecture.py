@@ -234,3 +234,46 @@ def test_every_data_file_of_the_package_ships_in_the_wheel():
             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
     assert data, "no data files found: the walk is wrong"
     assert [f for f in data if not any(fnmatch.fnmatch(f, g) for g in globs)] == []
+
+
+# -- the maps a newcomer reads first ---------------------------------------------------------------------------
+# generation/ and nn/: their maps come with the engine's rewrite (issue 36); cli/: one module per command group.
+MAPPED = ("reference", "tokenizers", "models", "data", "train", "interop", "viz", "workflows", "serve")
+
+
+def docstring_map(path: Path) -> set[str]:
+    """The file names a docstring lists, one a line: ``    name.py   what it holds`` (or ``name/``)."""
+    import re
+
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
+    return set(re.findall(r"^ {4}([a-z_0-9]+(?:\.py|\.html|/))\s", doc, re.MULTILINE))
+
+
+@pytest.mark.parametrize("package", MAPPED)
+def test_a_package_docstring_lists_every_module_it_holds_and_no_other(package):
+    folder = PACKAGE / package
+    held = {p.name for p in folder.iterdir() if p.suffix in (".py", ".html") and p.name != "__init__.py"}
+    listed = docstring_map(folder / "__init__.py")
+    assert (sorted(held - listed), sorted(listed - held)) == ([], []), \
+        f"{package}/__init__.py: (modules it does not list, names it lists that are not there)"
+
+
+def test_the_root_docstring_lists_every_package_and_base_module():
+    held = {f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    held |= {f"{name}.py" for name in BASE}
+    assert docstring_map(PACKAGE / "__init__.py") == held
+
+
+def test_the_readme_and_the_architecture_page_map_the_same_packages():
+    """docs/architecture.md's package table and the README's name every package of src/lmforge, the same ones."""
+    import re
+
+    def table(path: Path, prefix: str) -> set[str]:
+        """The packages the rows of the table headed ``| package |`` name."""
+        text = path.read_text(encoding="utf-8")
+        rows = text[text.index("\n| package |"):].split("\n\n")[0]
+        return set(re.findall(rf"^\| `{re.escape(prefix)}([a-z_]+)`", rows, re.MULTILINE))
+
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert table(SRC.parent / "docs" / "architecture.md", "") - set(BASE) == packages  # a row of base modules
+    assert table(SRC.parent / "README.md", "lmforge.") - set(BASE) == packages  # may follow the packages

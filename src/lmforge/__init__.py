@@ -1,15 +1,35 @@
-"""lmforge: build, pretrain, fine-tune and inspect Transformer language models.
+"""lmforge: build, pretrain, fine-tune, inspect and serve Transformer language models.
 
-The house (docs/architecture.md): the **engine** packages follow the flow of the course —
-``reference`` (NumPy equations) → ``tokenizers`` → ``nn`` → ``models`` → ``data`` → ``train`` →
-``generation``, with ``interop`` (model directories in and out) and ``viz`` (pictures) beside them;
-the **workflows** (``lmforge.workflows``: pretrain, finetune, translate, embed, inspect, demo) compose
-the engine into jobs; **cli** (``lmforge.cli``) is the ``lmforge`` command, a thin shell over both.
-``errors``, ``files``, ``manifest``, ``lock`` and ``outputs`` are the small base modules every package may use.
+The house (docs/architecture.md): the **engine** packages follow the flow of the course, the **workflows**
+compose them into jobs, and two thin shells sit on top, the command line and the HTTP server:
+
+    reference/    NumPy float64 equations: the oracle every torch module is tested against
+    tokenizers/   BPE, byte-level BPE, WordPiece; tokenizer.json in and out; chat templates (no torch)
+    nn/           building blocks: one attention, one Transformer layer, positions, norms, LSTM, LoRA
+    models/       Encoder (BERT), Decoder (GPT-2 and its modern switches), Seq2Seq, heads, ELMo, RNN, CNN, ...
+    data/         corpus shards, pretraining objectives, labeled and chat tasks, real-data sources
+    train/        the training loop: optimizers, schedules, atomic checkpoints, exact resume, DDP / FSDP
+    generation/   decoding: next-token scores to text, one request or many at once (the decoding engine)
+    interop/      model directories in and out: Hugging Face BERT / GPT-2 / Llama, PEFT, GGUF
+    viz/          pictures: attention heatmaps, the HTML explorer, loss curves, confusion matrices
+    workflows/    the jobs: pretrain, finetune, sft, translate, embed, inspect, chat, evaluate, convert, serve
+    serve/        ``lmforge serve``'s HTTP shell: OpenAI-shaped routes over ``workflows.serving``
+    cli/          the ``lmforge`` command: one module per command group, no logic
+    recipes/      the YAML recipes that ``--config NAME`` finds (data, no code)
+
+and the small base modules every package may use (standard library only):
+
+    errors.py     ``LmforgeError``: bad input or state, one line naming the file, line or field at fault
+    files.py      files written atomically (never half-written) and text files read with one rule
+    manifest.py   ``checksums.json``: the sha256 of every file a directory holds, verified on load
+    lock.py       ``RunLock``: one writer per run directory
+    outputs.py    outputs claim only what they wrote: a user's file in ``--out`` is never replaced silently
+    schema.py     settings declared once: the YAML key, KEY=VALUE, the flag and the check from one field
+    workers.py    worker-process pools that leave nothing behind
 
 ``lmforge.load(path)`` returns ``(model, tokenizer)`` for an lmforge model directory, a Hugging Face
-BERT / GPT-2 directory, or a fine-tuned adapter output. Heavy imports (torch) happen inside it, so
-``import lmforge`` stays fast.
+BERT / GPT-2 / Llama directory, a GGUF file, or a fine-tuned adapter output. Heavy imports (torch) happen inside
+it, so ``import lmforge`` stays fast.
 """
 
 from __future__ import annotations

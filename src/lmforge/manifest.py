@@ -17,8 +17,8 @@ refused when lmforge did (its config.json names the lmforge version; a checkpoin
     ...     print(str(err).split("/")[-1])
     w.bin: sha256 differs from checksums.json (the file is corrupt or was changed)
 
-Hashing reads each file once (about 1 GB/s): cheap next to training, noticeable for a model of many
-gigabytes, hence ``verify=False`` in ``lmforge.load`` and ``--no-verify`` on the commands.
+Hashing reads each file once: cheap next to training, noticeable for a model of many gigabytes (the rate:
+docs/benchmarks.md), hence ``verify=False`` in ``lmforge.load`` and ``--no-verify`` on the commands.
 """
 
 from __future__ import annotations

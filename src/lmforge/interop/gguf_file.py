@@ -10,7 +10,7 @@ A GGUF file (little-endian) is a header, then the tensors' bytes::
 A value is a scalar (u8 ... f64, bool), a string (u64 length + bytes) or an array (item type u32, u64 count,
 items). Nothing is allocated from a declared size before the file is known to hold it: an array of 2^40 strings
 needs at least 8 bytes each, so an 832-byte file declaring one is refused at once, naming the field, where the
-``gguf`` package's GGUFReader loops over the count until memory runs out (a 2 GB cap: MemoryError after 18 s).
+``gguf`` package's GGUFReader loops over the count until memory runs out (docs/benchmarks.md has the time).
 Tensors must lie inside the file and not overlap, so the values they dequantize to are bounded by the file's
 size (at most 7.1 float32 bytes per byte, for Q4_0).
 """

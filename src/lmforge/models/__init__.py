@@ -1,13 +1,20 @@
-"""The three Transformer architectures, their heads, configs and model directories.
+"""The architectures, their heads, configs and model directories.
 
-    Encoder (BERT)        encoder.py    + EncoderForPreTraining / ...SequenceClassification / ...TokenClassification
-    Decoder (GPT-2)       decoder.py
-    Seq2Seq (Vaswani)     seq2seq.py
-    RNNSeq2Seq            rnn_seq2seq.py  BiLSTM encoder, LSTM decoder with attention (Bahdanau / Luong)
-    BiLM (ELMo)           elmo.py       + BiLMForSequenceClassification / ...TokenClassification, BiLMConfig
-    SentenceCNN           cnn.py        + CNNForSequenceClassification (seed 001 problem 3)
-    GridCaptioner         captioning.py   caption decoder attending over a feature grid M[x, y, K] (seed 001 p2)
-    DualEncoder           dual_encoder.py two towers, InfoNCE, recall@k, CrossModalBlock (seed 000 Q7-8)
+    encoder.py       Encoder (BERT) + EncoderForPreTraining / ...SequenceClassification / ...TokenClassification
+    decoder.py       Decoder (GPT-2, and the modern decoder by its config's switches: RMSNorm, rotary, GQA, ...)
+    seq2seq.py       Seq2Seq (Vaswani et al. 2017), the Transformer encoder-decoder
+    rnn_seq2seq.py   RNNSeq2Seq: BiLSTM encoder, LSTM decoder with attention (Bahdanau / Luong)
+    elmo.py          BiLM (ELMo) + BiLMForSequenceClassification / ...TokenClassification
+    cnn.py           SentenceCNN + CNNForSequenceClassification (seed 001 problem 3)
+    captioning.py    GridCaptioner: a caption decoder attending over a feature grid M[x, y, K] (seed 001 p2)
+    dual_encoder.py  DualEncoder: two towers, InfoNCE, recall@k, CrossModalBlock (seed 000 Q7-8)
+    heads.py         output heads: LM, masked LM, next sentence, sequence and token classification
+    config.py        one config dataclass per architecture (config.json), the presets
+    registry.py      model directories: build from a config, save and load weights, count parameters
+    strategies.py    the four fine-tuning strategies as model surgery, task heads on a backbone
+    interfaces.py    what generic code may assume of a model (EncoderDecoder, ...): explicit Protocols
+    outputs.py       ModelOutput: what every forward returns
+    common.py        weight initialisation and input checks shared by the models
 """
 
 from lmforge.models.captioning import GridCaptioner, GridCaptionerConfig

@@ -1,4 +1,15 @@
-"""The equations of the course in NumPy float64, with no torch: the oracle every torch module is tested against."""
+"""The equations of the course in NumPy float64, with no torch: the oracle every torch module is tested against.
+
+    attention.py      softmax, scaled dot-product and multi-head attention, causal masks
+    gqa.py            grouped-query attention (Ainslie et al. 2023)
+    layers.py         layer norm, GELU / ReLU, the feed-forward network, one Transformer encoder layer
+    positions.py      sinusoidal and one-hot positions
+    modern.py         the modern decoder's pieces: RMSNorm, rotary, QK-norm, ReLU² / SwiGLU, soft cap
+    rnn.py            the LSTM cell in the gate notation of seed 000
+    rnn_attention.py  additive (Bahdanau) and multiplicative (Luong) attention for RNN encoder-decoders
+    cnn.py            the sentence CNN of seed 001 problem 3, index by index
+    attention2d.py    spatial self-attention over an (x, y) grid (seed 001 problem 5)
+"""
 
 from lmforge.reference.attention import (
     causal_mask,

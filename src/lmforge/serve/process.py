@@ -9,8 +9,8 @@ A signal drains the server (``Drain``): requests in flight finish (up to ``--gra
 Why the engine, not the HTTP server, keeps the main thread: the model was loaded there, and PyTorch's CPU threads
 come from OpenMP, which keeps one team of workers for each thread that runs parallel work. Stepping the engine on
 a second thread makes a second team; libgomp then has more threads than cores, spins only briefly before sleeping,
-and every parallel region of a step pays a wake-up (a SmolLM2 step 180-200 ms on a second thread against 120-130
-ms on the loading one; docs/serving.md). uvicorn's event loop only parses, submits and streams (2% of a core).
+and every parallel region of a step pays a wake-up, so a step is slower on a second thread than on the loading one
+(measured: docs/serving.md). uvicorn's event loop only parses, submits and streams: a small share of a core.
 """
 
 from __future__ import annotations

@@ -7,6 +7,21 @@
 
 ``load_tokenizer(path)`` reads any of: a directory or file saved by ``Tokenizer.save`` (our
 ``tokenizer.json``), a Hugging Face ``tokenizer.json``, or a BERT ``vocab.txt``.
+
+    base.py            the interface every tokenizer shares: the Tokenizer base class, special tokens, save
+    encoding.py        Encoding: what a tokenizer returns for one text or pair (ids, tokens, offsets, masks)
+    bpe.py             byte-pair encoding with an end-of-word marker (Sennrich et al. 2016)
+    byte_bpe.py        byte-level BPE (GPT-2): BPE over UTF-8 bytes, nothing ever unknown
+    wordpiece.py       WordPiece (BERT): greedy longest match with ``##``
+    train.py           training shared by the three: count words, then learn merges
+    normalize.py       the clean-up before pre-tokenization, keeping track of offsets
+    pretokenize.py     cutting text into the words a subword model splits further
+    template.py        post-processing: special tokens around sequences, pair truncation
+    parallel.py        batch encoding spread over worker processes
+    huggingface.py     Hugging Face tokenizer.json in and out, for all three kinds
+    chat.py            chat templates: a conversation -> the text a chat model was trained on
+    sandbox.py         chat templates rendered with bounded work (Jinja2's immutable sandbox, counted)
+    plain_specials.py  special-token strings inside a message stay plain text (no forged turns)
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from lmforge.tokenizers.train import count_words, learn_merges, progress_bar
 
 Span = tuple[int, int]
 Ranks = dict[tuple[int, int], tuple[int, int]]
-SHORT_WORD = 12  # symbols: up to here merge_once is as fast (SmolLM2: 3 vs 5 us at 8 letters, 35 vs 19 at 32)
+SHORT_WORD = 12  # symbols: up to here merge_once is as fast as the heap (merge_word_fast); docs/benchmarks.md
 
 
 def merge_once(ids: list[int], spans: list[Span], ranks: dict[tuple[int, int], tuple[int, int]]) -> bool:

@@ -4,6 +4,17 @@
     config = TrainConfig(lr=1e-3, max_steps=200)
     result = Trainer(model, source, config, "runs/gpt").fit()
 
+    trainer.py      the loop: one update per step, exact gradient accumulation, resumable at any step
+    config.py       TrainConfig, the train: section of every recipe (no torch)
+    optim.py        AdamW with two parameter groups, Muon, the learning-rate schedule
+    batches.py      the next update's batches on the device while the current one runs
+    checkpoint.py   checkpoints that survive a crash at any instant: write everything, then rename
+    distributed.py  DDP or FSDP under torchrun
+    signals.py      SIGINT / SIGTERM stop at a step boundary and save
+    logs.py         log.jsonl, TensorBoard events (optional), loss.png
+    metrics.py      target counts (the weights of gradient accumulation) and evaluation metrics
+    scores.py       classification scores: accuracy, macro-F1, per-class report, confusion matrix, chunk F1
+
 See docs/training.md. Importing the package imports nothing heavy: each name loads its module on first use,
 so that ``lmforge.train.config`` (the ``train:`` settings) is read at the command line's start-up without torch.
 """

@@ -140,7 +140,7 @@ class DemoOptions:
     seed: int = setting(0, "random seed")
     examples: str | None = setting(None, "a folder holding the course's exercises (examples/ of a checkout: make demo "
                                    "passes it) to run first; default: none", metavar="DIR")
-    quick: bool = setting(False, "about 90 s: 150 pretraining steps, 20 LoRA steps, no exercises")
+    quick: bool = setting(False, "a short run: 150 pretraining steps, 20 LoRA steps, no exercises")
 
 
 @dataclass
