@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
@@ -55,7 +56,11 @@ class Served:
         self.in_flight = 0  # requests the Guard has let in and not yet answered (a drain waits for 0)
         self.draining = False  # set by the process on SIGTERM: new requests get 503
         self.pending = 0  # work queued on or running in the worker threads
-        self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="lmforge-work")
+        # beside an engine, a worker's model call (an attention page) runs on one torch thread: a second team of
+        # OpenMP threads would fight the engine's for the cores (docs/serving.md "How the process is laid out")
+        threads = (1,) if service.engine is not None else ()
+        self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="lmforge-work", initargs=threads,
+                                          initializer=torch.set_num_threads if threads else None)
 
     async def work(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on a worker thread; 429 when more is pending than the queue allows."""
