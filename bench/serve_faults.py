@@ -12,8 +12,8 @@ clients' time to first token should stay within 2x of its value without the host
 2. Isolation: 16 normal clients (streamed chat questions, greedy, short replies) alone, then beside 16 hostile
    clients (in a child process at a lower priority: their own sending must not take the 2 cores from the server,
    whose cost of them is what is measured): huge one-word bodies (900 kB), attention-page floods, slow readers
-   (a stream read once a second), clients that leave mid-reply (streamed and whole), chunked bodies of 30 MB. Printed: the normal clients'
-   p50 / p99 time to first token and tokens/s in both runs, and the ratio.
+   (a stream read once a second), clients that leave mid-reply (streamed and whole), chunked bodies of 30 MB.
+   Printed: the normal clients' p50 / p99 time to first token and tokens/s in both runs, and the ratio.
 
 The server runs as a subprocess on 127.0.0.1 (``--threads``, OMP_NUM_THREADS); one JSON line per result.
 """
