@@ -152,7 +152,7 @@ def compile_count() -> dict:
     torch._dynamo.reset()
     model = Decoder(get_preset("gpt-tiny", vocab_size=512, dropout=0.0, attention_dropout=0.0, positions="rotary",
                                n_kv_heads=2, max_positions=1024)).eval()
-    engine = Engine(model, slots=16, capacity=1024, compile=True)
+    engine = Engine(model, slots=16, capacity=1024, runner="compiled")  # a graph per bucket (the GPU's runner)
     before = counters["stats"]["unique_graphs"]
     g = torch.Generator().manual_seed(1)
     used_prefill, used_step, requests = set(), set(), 0
@@ -163,8 +163,8 @@ def compile_count() -> dict:
             length, out = int(torch.randint(3, 200, (1,), generator=g)), int(torch.randint(5, 300, (1,), generator=g))
             work.append(Request(list(range(3, 3 + length)), max_new_tokens=out, temperature=[0.0, 0.7][wave % 2],
                                 top_k=[None, 40][wave % 3 == 1], seed=wave, stop_ids=[]))
-            used_prefill.add(bucket(length, engine.prompt_buckets))
-            used_step |= {(bucket(n, engine.row_buckets), bucket(length + t + 1, engine.capacity_buckets))
+            used_prefill.add(bucket(length, engine.runner.prompt_buckets))
+            used_step |= {(bucket(n, engine.runner.row_buckets), bucket(length + t + 1, engine.runner.capacity_buckets))
                           for t in range(out - 1)}
         for r in work:
             engine.submit(r)

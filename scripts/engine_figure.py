@@ -34,7 +34,7 @@ def main() -> None:
     decode = engine.decode
 
     def watched_decode() -> None:  # the slots as this step decodes them (after compact and admit)
-        for i, s in enumerate(engine.slots):
+        for i, s in enumerate(engine.scheduler.slots):
             if s is not None:
                 r = next(r for r, h in enumerate(handles) if h is s.generation)
                 held.setdefault(r, []).append((step, i))
@@ -50,7 +50,7 @@ def main() -> None:
     rows_per_step = [0] * step
     for spans in held.values():
         for s, slot in spans:
-            rows_per_step[s] = max(rows_per_step[s], bucket(slot + 1, engine.row_buckets))
+            rows_per_step[s] = max(rows_per_step[s], bucket(slot + 1, engine.runner.row_buckets))
     fig, ax = pyplot().subplots(figsize=(9, 3.6))
     for s, rows in enumerate(rows_per_step):
         ax.axvspan(s - 0.5, s + 0.5, ymin=0, ymax=rows / engine.n_slots, color="#eeeeee", zorder=0)
@@ -58,7 +58,7 @@ def main() -> None:
     for r, spans in held.items():
         for k, (s, slot) in enumerate(spans):
             ax.barh(slot, 1, left=s - 0.5, height=0.7, color=colors(r % 20), zorder=2)
-            if k and spans[k - 1][1] != slot:  # moved down into a freed slot (Engine.compact)
+            if k and spans[k - 1][1] != slot:  # moved down into a freed slot (Scheduler.compact)
                 ax.plot([s - 0.5, s - 0.5], [spans[k - 1][1], slot], color=colors(r % 20), lw=1, zorder=1)
         ax.plot(*first[r], "o", color="black", markersize=3, zorder=3)
         ax.text(first[r][0] + 0.2, first[r][1], f"r{r}", va="center", fontsize=7, zorder=4)

@@ -15,7 +15,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "lmforge"
 ENGINE = ("reference", "tokenizers", "nn", "models", "data", "train", "generation", "interop", "viz")
-BASE = ("errors", "files", "manifest", "lock", "outputs", "schema", "workers")  # small modules every package may use
+# small modules every package may use
+BASE = ("devices", "errors", "files", "manifest", "lock", "outputs", "schema", "workers")
 # The settings a command's flags are derived from: dataclasses in torch-free modules (the --help test below checks
 # that importing them loads no torch, numpy or matplotlib).
 SETTINGS_MODULES = ("lmforge.schema", "lmforge.train.config", "lmforge.generation.options",
@@ -237,8 +238,9 @@ def test_every_data_file_of_the_package_ships_in_the_wheel():
 
 
 # -- the maps a newcomer reads first ---------------------------------------------------------------------------
-# generation/ and nn/: their maps come with the engine's rewrite (issue 36); cli/: one module per command group.
-MAPPED = ("reference", "tokenizers", "models", "data", "train", "interop", "viz", "workflows", "serve")
+# cli/: one module per command group, each named after its command.
+MAPPED = ("reference", "tokenizers", "nn", "models", "data", "train", "generation", "generation/runners", "interop",
+          "viz", "workflows", "serve")
 
 
 def docstring_map(path: Path) -> set[str]:
@@ -253,6 +255,7 @@ def docstring_map(path: Path) -> set[str]:
 def test_a_package_docstring_lists_every_module_it_holds_and_no_other(package):
     folder = PACKAGE / package
     held = {p.name for p in folder.iterdir() if p.suffix in (".py", ".html") and p.name != "__init__.py"}
+    held |= {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()}
     listed = docstring_map(folder / "__init__.py")
     assert (sorted(held - listed), sorted(listed - held)) == ([], []), \
         f"{package}/__init__.py: (modules it does not list, names it lists that are not there)"
@@ -277,3 +280,16 @@ def test_the_readme_and_the_architecture_page_map_the_same_packages():
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert table(SRC.parent / "docs" / "architecture.md", "") - set(BASE) == packages  # a row of base modules
     assert table(SRC.parent / "README.md", "lmforge.") - set(BASE) == packages  # may follow the packages
+
+
+def test_the_layers_a_student_reads_hold_no_device_branch_and_no_backend_trick():
+    """nn/ and models/ are the equations: no branch on the device, no thread policy, no oneDNN or CUDA call, no
+    operator registered at import. Those belong to the decoding engine's runners (generation/runners/)."""
+    import re
+
+    tricks = re.compile(r"device\.type|torch\.cuda|mkldnn|set_num_threads|torch\.backends|torch\.library|"
+                        r"custom_op|is_compiling")
+    files = [p for folder in ("nn", "models") for p in sorted((PACKAGE / folder).rglob("*.py"))]
+    found = [f"{p.relative_to(PACKAGE)}:{n}" for p in files
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if tricks.search(line)]
+    assert found == []

@@ -1,12 +1,20 @@
-"""Decoding: turn a model's next-token scores into text.
+"""Decoding: turn a model's next-token scores into text, for one prompt or for a server's stream of requests.
 
-    decoding.py   generate / stream / pad_prompts: the loop (greedy, sampling, beams) over any model
-    options.py    the settings of decoding (max_new_tokens, temperature, top_k, ...), declared once (no torch)
-    sampling.py   choosing a token: temperature, top-k, top-p
-    steps.py      feeding a model one step at a time with a KV cache (decoder-only or encoder-decoder)
-    beam.py       beam search
-    text.py       prompts as the model expects them; TextStream prints new text as tokens arrive
-    captions.py   captions of image-feature grids (a GridCaptioner)
+    lm.py          LM: model + tokenizer + chat format + engine; what generate, chat, evaluate, beams and serve use
+    engine.py      the decoding engine: the scheduler, a runner and the outputs stage, stepped together
+    scheduler.py   which requests hold which slots: admission, compaction, stop and length (no torch)
+    runners/       the model's side of the engine, one runner per device family (eager, cpu, compiled)
+    outputs.py     after a step: incremental text, stop strings, the requests' callbacks
+    requests.py    a Request, the Generation it becomes, and the one context check
+    slots.py       the fixed-shape KV cache of the engine's slots, and the buckets that bound its shapes
+    prefix.py      prompt beginnings seen before, kept in blocks and reused
+    decoding.py    generate / stream / pad_prompts: the functions over any model (the engine or a plain stepper)
+    options.py     the settings of decoding (max_new_tokens, temperature, top_k, ...), declared once (no torch)
+    sampling.py    choosing a token: temperature, top-k, top-p, repetition penalty
+    steps.py       feeding a model one step at a time with a KV cache (decoder-only or encoder-decoder)
+    beam.py        beam search
+    text.py        prompts as the model expects them; TextStream prints new text as tokens arrive
+    captions.py    captions of image-feature grids (a GridCaptioner)
 
     >>> from lmforge.generation import generate, stream, pad_prompts   # doctest: +SKIP
 
@@ -18,7 +26,7 @@ from importlib import import_module
 
 _HOMES = {"GenerationOutput": "decoding", "generate": "decoding", "pad_prompts": "decoding", "stream": "decoding",
           "next_token": "sampling", "top_k_filter": "sampling", "top_p_filter": "sampling",
-          "GenerateOptions": "options"}
+          "GenerateOptions": "options", "LM": "lm", "Engine": "engine", "Request": "requests"}
 
 __all__ = sorted(_HOMES)
 

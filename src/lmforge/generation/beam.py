@@ -73,12 +73,8 @@ def beam_search(
     k = beams
     if max_new_tokens == 0:
         return [[] for _ in range(batch)], [0.0] * batch
-    logits = steps.first()  # (B, V) next-token logits after each prompt
-    device = logits.device
-    expand = torch.arange(batch, device=device).repeat_interleave(k)  # (B*K,) [0, 0, 1, 1, ...]
-    steps.reorder(expand)  # caches, masks and memory repeated K times
-    logits = logits.index_select(0, expand)  # (B*K, V)
-    vocab = logits.shape[-1]
+    logits = expanded(steps, batch, k)  # (B*K, V) next-token logits after each prompt, K times
+    device, vocab = logits.device, logits.shape[-1]
     beam_scores = torch.zeros(batch, k, device=device)  # (B, K) total log-probability of each beam
     beam_scores[:, 1:] = float("-inf")  # all beams start equal: take the first step from beam 0 only
     tokens = torch.full((batch * k, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (B*K, N)
@@ -118,11 +114,26 @@ def beam_search(
         steps.reorder(index)
         logits = steps.next(tokens[:, t])
 
-    # out of steps: the running beams of the prompts not done compete with the finished ones
-    running = tokens.view(batch, k, -1).clone()
-    running[:, :, t + 1:] = pad_id
-    finished.add(beam_scores.double() / float(t + 1) ** length_penalty, running, t + 1,
-                 (~done)[:, None].expand(-1, k))
-    lengths, scores = finished.lengths[:, 0].tolist(), finished.scores[:, 0].tolist()
+    return best_of(finished, tokens.view(batch, k, -1), beam_scores, done, t + 1, pad_id, length_penalty)
+
+
+def expanded(steps: DecoderSteps | Seq2SeqSteps, batch: int, k: int) -> torch.Tensor:
+    """The prompts' first logits (B*K, V), each prompt's rows (caches, masks, memory) repeated K times: row
+    b*K + j is beam j of prompt b."""
+    logits = steps.first()  # (B, V)
+    expand = torch.arange(batch, device=logits.device).repeat_interleave(k)  # (B*K,) [0, 0, 1, 1, ...]
+    steps.reorder(expand)
+    return logits.index_select(0, expand)
+
+
+def best_of(finished: Finished, running: torch.Tensor, scores: torch.Tensor, done: torch.Tensor, length: int,
+            pad_id: int, length_penalty: float) -> tuple[list[list[int]], list[float]]:
+    """Out of steps: the running beams (B, K, N) of the prompts not done compete with the finished hypotheses;
+    each prompt's best sequence (cut at its length) and normalised score."""
+    running = running.clone()
+    running[:, :, length:] = pad_id
+    finished.add(scores.double() / float(length) ** length_penalty, running, length,
+                 (~done)[:, None].expand(-1, running.shape[1]))
+    lengths, best_scores = finished.lengths[:, 0].tolist(), finished.scores[:, 0].tolist()
     best = finished.tokens[:, 0].tolist()
-    return [row[:n] for row, n in zip(best, lengths, strict=True)], scores
+    return [row[:n] for row, n in zip(best, lengths, strict=True)], best_scores

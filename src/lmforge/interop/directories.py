@@ -66,10 +66,10 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
     ``--no-verify``); a directory without one (Hugging Face, older lmforge) loads unverified. A
     checkpoint folder (``RUN/checkpoints/step-N``) finds its tokenizer through config.json's ``tokenizer``.
     """
+    from lmforge.devices import resolve_device
     from lmforge.interop.huggingface import is_hf_dir, load_hf
     from lmforge.models.config import read_json
     from lmforge.models.registry import load_pretrained
-    from lmforge.nn.device import resolve_device
 
     folder = Path(path)
     device = resolve_device(device, "device") if device is not None else None

@@ -82,10 +82,19 @@ class Served:
 
 
 def create_app(service: ModelService) -> FastAPI:
+    """The app: the Guard around it, OpenAI's error object for every failure, the routes."""
     app = FastAPI(title="lmforge", docs_url=None, redoc_url=None, openapi_url=None)
     state = app.state.lmforge = Served(service)
     app.add_middleware(Guard, state=state)
     errors.install(app)
+    describing(app, state)
+    working(app, state)
+    return app
+
+
+def describing(app: FastAPI, state: Served) -> None:
+    """The routes that say what is served and how it is doing: /health, /metrics, /v1/models, the chat page."""
+    service = state.service
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -106,6 +115,11 @@ def create_app(service: ModelService) -> FastAPI:
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+
+def working(app: FastAPI, state: Served) -> None:
+    """The routes that run the model: completions, chat completions, embeddings, classification, attention."""
+    service = state.service
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -142,8 +156,6 @@ def create_app(service: ModelService) -> FastAPI:
         state.check_model(body.model)
         need(service.can("chat"))
         return HTMLResponse(await state.work(service.attention_page, body.conversation()))
-
-    return app
 
 
 def need(why_not: str | None) -> None:

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lmforge.devices import resolve_device
 from lmforge.errors import LmforgeError
-from lmforge.nn.device import resolve_device
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class Runtime:
 
             torch.set_num_threads(self.threads)
         if self.device != "auto":
-            from lmforge.nn.device import resolve_device
+            from lmforge.devices import resolve_device
 
             resolve_device(self.device, "--device")
 
