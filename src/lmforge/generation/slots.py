@@ -1,4 +1,4 @@
-"""Slots: the fixed-shape KV cache of the decoding engine (generation/engine.py), and the buckets that bound its shapes.
+"""Slots: the fixed-shape KV cache a runner holds (generation/runners/), and the buckets that bound its shapes.
 
 An engine holds S slots. Each attention layer keeps the keys and values of all of them in one buffer,
 allocated once, never moved, never reshaped:
@@ -12,21 +12,21 @@ A request owns one slot (one row) from its prefill to its last token. Two ways t
     step      one new token for every row b of [0, S_b) at column lengths[b]; the attention reads columns
               [0, C_b) of those rows, and the caller's mask shows row b only its columns <= lengths[b].
 
-S_b and C_b are *buckets*: the smallest of a few sizes (4, 8, 16 rows; 64, 128, 256, ... columns) that holds what
-the active requests need. A compiled step is specialised to its shapes, so buckets bound the number of graphs
-(one per (S_b, C_b)) whatever mix of prompt lengths, output lengths and batch sizes arrives. An eager engine
-(the default on CPU) compiles nothing, so its buckets are fine instead: rows exact (packed products, below) or
-in multiples of 4, prompts padded to a multiple of 8 tokens, columns to a multiple of 32, since each padded row
-or column is computed for nothing.
+S_b and C_b are *buckets*: the smallest of a few sizes that holds what the active requests need. A compiled step
+is specialised to its shapes, so the compiled runner's buckets are few (4, 8, 16 rows; 64, 128, 256, ...
+columns): one graph per (S_b, C_b), whatever mix of prompt lengths, output lengths and batch sizes arrives. An
+eager runner compiles nothing, so its buckets are fine instead (``multiples``): rows exact or in multiples of 4,
+prompts padded to a multiple of 8 tokens, columns to a multiple of 32, since each padded row or column is
+computed for nothing.
 
 Why rows never change a neighbour's answer: every row's keys, mask and positions are its own, attention is
 computed per row, and the matrix products give each row the same bits whatever other rows it is stacked with.
-An eager CPU engine with float32 weights gets that from packed products (``nn.linear``: any row count, any
-thread count), so its steps compute exactly their active rows. Other engines keep to products of at least
-``MIN_ROWS`` rows (below that, BLAS switches to a matrix-vector kernel with another summation order: measured on
-torch 2.13 CPU) and, eager, to multiples of 4 rows on one thread (on 2 threads MKL splits 5-7 and 9-11 rows
-between its threads otherwise than 4, 8 or 12 and more, and those rows' bits change). An engine of one slot
-(``generate`` on one prompt) steps one row: there is no neighbour to differ from.
+The CPU runner gets that from packed products for float32 weights (runners/cpu.py: any row count, any thread
+count), so its steps compute exactly their active rows. Products that are not packed keep to at least
+``MIN_ROWS`` rows (below that, BLAS switches to a matrix-vector kernel with another summation order) and, eager,
+to multiples of 4 rows on one thread (on 2 threads MKL splits some row counts between its threads otherwise,
+and those rows' bits change; docs/benchmarks.md). An engine of one slot (``generate`` on one prompt) steps one
+row: there is no neighbour to differ from.
 
 ``SlotKV`` speaks the attention's cache protocol (``nn/attention.py``: ``append``, ``keys_values``, ``length``):
 the model's layers write and read it without knowing about slots.
@@ -132,7 +132,7 @@ class SlotKV:
         Step: k, v (S_b, H_kv, 1, d) at each row's column; returns the rows' first C_b columns (S_b, H_kv, C_b, d).
 
         Both write whole d-vectors into the buffer seen as a list of them (S * H_kv * C, d): one ``index_copy_``
-        of contiguous rows, several times faster on CPU than indexing (S, H_kv, C, d) on two dimensions."""
+        of contiguous rows, cheaper on CPU than indexing (S, H_kv, C, d) on two dimensions."""
         if self.prefilling:  # columns [start, start + P) of each slot
             at = self.places(self.rows, torch.arange(self.length, self.length + k.shape[2], device=k.device)[None])
         else:
