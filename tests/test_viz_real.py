@@ -127,8 +127,9 @@ def test_commands_on_models_pretrained_by_lmforge(pretrained, objective, tmp_pat
         objective]
     for view in views:
         np.testing.assert_allclose(np.array(view["weights"]), maps.views[view["name"]].weights, atol=5e-4 + 1e-6)
-    for args in (["--layer", "1"], ["--rollout"]):
-        assert main(["attention", "--model", model_dir, "--text", text, "--out", str(tmp_path / "a.png"), *args]) == 0
+    for name, args in (("layer.png", ["--layer", "1"]), ("rollout.png", ["--rollout"])):  # one file each: an
+        # existing one is replaced only with --overwrite (lmforge.outputs.claim_file)
+        assert main(["attention", "--model", model_dir, "--text", text, "--out", str(tmp_path / name), *args]) == 0
     npy = tmp_path / "v.npy"
     capsys.readouterr()
     assert main(["embed", "--model", model_dir, "--mix", "--out", str(npy), text, "the question"]) == 0
