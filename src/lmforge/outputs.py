@@ -108,26 +108,29 @@ LEGACY_UNLISTED = {"run": rf"{_TRAINER}|tokenizer/({_TOKENIZER})|corpus(-source|
                           rf"model/({_MODEL})",  # workflows/pretrain.py's run folder
                    "finetune": rf"run/({_TRAINER})", "model": rf"base/({_MODEL})",
                    "tokenizer": r"checksums\.json"}  # its record named only tokenizer.json and tokenizer.vocab
-LEGACY_SETTINGS = {"finetune": ("run/config.yaml", "finetune")}  # where a run without a record kept its settings
+LEGACY_WITHOUT_RECORD = {"run", "finetune"}  # kept none: a pretraining run, a fine-tune stopped before its end
+LEGACY_SETTINGS = {"finetune": ("run/config.yaml", "finetune")}  # where such a run kept its settings
 LEGACY_FOLDERS = re.compile(r"run|base|checkpoints|tokenizer|corpus(-source|-target)?|model|tensorboard|"
                             r"step-\d{6}|\.(tmp|old)-step-\d{6}-\d+")  # the folders above: no other is entered
 
 
 def legacy_record(folder: Path, kind: str, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The output of an earlier lmforge in ``folder`` as a record (kind, identity, the files to adopt: see
-    above), or None: no such output. Without an old record, the folder holds a ``kind`` whose identity is read
-    from the run's settings (``LEGACY_SETTINGS``), else taken to be ``identity`` (a pretraining run checks its
-    config.yaml when it resumes)."""
+    above), or None: no such output. Without an old record, a run of ``LEGACY_WITHOUT_RECORD`` is looked for,
+    its identity read from its settings (``LEGACY_SETTINGS``), else taken to be ``identity`` (a pretraining run
+    checks its config.yaml when it resumes)."""
     path = folder / RECORD_NAME
     listed: set[str] = set()
-    if kind in LEGACY_SETTINGS and (folder / LEGACY_SETTINGS[kind][0]).is_file():
-        identity = _settings(folder / LEGACY_SETTINGS[kind][0], LEGACY_SETTINGS[kind][1], identity)
     if os.path.lexists(path):
         old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
         if not isinstance(old, dict) or "format" in old or not isinstance(old.get("kind"), str):
             return None
         kind, identity = old["kind"], old.get("identity")
         listed = {f for f in old.get("files") or [] if isinstance(f, str)}
+    elif kind not in LEGACY_WITHOUT_RECORD:
+        return None
+    elif kind in LEGACY_SETTINGS:
+        identity = _settings(folder / LEGACY_SETTINGS[kind][0], LEGACY_SETTINGS[kind][1], identity)
     top, under = re.compile(LEGACY_LISTED.get(kind, "(?!)")), re.compile(LEGACY_UNLISTED.get(kind, "(?!)"))
     files = []
     for parent, folders, names in os.walk(folder):  # links are not followed
@@ -138,7 +141,8 @@ def legacy_record(folder: Path, kind: str, identity: dict[str, Any]) -> dict[str
 
 
 def _settings(path: Path, section: str, identity: dict[str, Any]) -> dict[str, Any]:
-    """``identity``'s keys as the run's ``config.yaml`` (``path``) holds them in ``section`` (unreadable: as given)."""
+    """``identity``'s keys as the run's ``config.yaml`` (``path``) holds them in ``section`` (none or unreadable:
+    ``identity`` as given)."""
     import yaml
 
     try:
