@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,20 @@ import pytest
 import torch
 
 from lmforge.cli.main import main
-from lmforge.outputs import RECORD_NAME
+from lmforge.outputs import RECORD_FORMAT, RECORD_NAME
 from serve_helpers import chat_model
-from test_reliability import corpus, encoder_dir, finetune_args, labeled, recipe_file, s2s_dir  # noqa: F401
+from test_reliability import (  # noqa: F401  (fixtures)
+    assert_identical,
+    corpus,
+    encoder_dir,
+    finetune_args,
+    labeled,
+    lmforge_cli,
+    recipe_file,
+    s2s_dir,
+    uninterrupted,
+    weights,
+)
 
 USER_FILES = {"thesis.txt": "chapter 1: on the care of other people's files\n", "notes.md": "# notes\n",
               "train.jsonl": '{"text": "my own training data"}\n', "data/keep.txt": "a folder of mine\n"}
@@ -219,18 +231,98 @@ def test_overwrite_removes_the_recorded_files_and_only_them(tmp_path, capsys, en
     assert record(out)["identity"]["strategy"] == "full" and record(out)["files"] == sorted(names)
 
 
-def test_an_older_record_that_listed_user_files_removes_nothing(
-        tmp_path, capsys, built, encoder_dir, labeled):  # noqa: F811
-    """Before this change the record listed every file of the folder: --overwrite then deleted a thesis.
-    Such a record (no format) is not trusted: the folder is refused."""
-    out = plant(tmp_path / "old")
-    (out / "model.safetensors").write_bytes(b"old weights")
-    (out / RECORD_NAME).write_text(json.dumps({"kind": "finetune", "identity": {"strategy": "lora"},
-                                               "files": ["model.safetensors", "notes.md", "thesis.txt",
-                                                         "train.jsonl"]}))
-    argv = [*finetune_args(encoder_dir, labeled, out, "full"), "--overwrite"]
-    refused(argv, tmp_path, capsys, built, "holds 5 files or folders that lmforge did not write", "thesis.txt",
-            "is an older lmforge's")
+# -- 3. folders of earlier versions: the same command adopts lmforge's files there, never a user's; none is deleted ---
+def as_earlier_lmforge(folder: Path, listed: list[str] | None = None) -> Path:
+    """Rewrite the record as lmforge wrote it before records had a format: kind, identity, and every file at the
+    top of the folder, a user's too (``listed``: tokenizer train named only tokenizer.json and tokenizer.vocab)."""
+    kept = record(folder)
+    top = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in (RECORD_NAME, ".lock"))
+    (folder / RECORD_NAME).write_text(json.dumps({"kind": kept["kind"], "identity": kept["identity"],
+                                                  "files": top if listed is None else listed}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory, recipe_file) -> Path:  # noqa: F811
+    """A pretraining run of an earlier lmforge stopped at step 4: its files and no record (it kept none)."""
+    out = tmp_path_factory.mktemp("earlier") / "run"
+    stopped = lmforge_cli("pretrain", "--config", str(recipe_file), "--out", str(out), "--threads", "1", "--quiet",
+                          LMFORGE_TEST_SIGNAL_AT_STEP="4:TERM")
+    assert stopped.returncode == 143, stopped.stderr
+    (out / RECORD_NAME).unlink()
+    return out
+
+
+@pytest.mark.parametrize("command", [c for c in RECORDED if c != "pretrain"])
+def test_an_earlier_lmforges_output_is_adopted_by_the_same_command(tmp_path, capsys, inputs, command):
+    out = tmp_path / "out"
+    argv = [*folder_commands(inputs)[command], "--out", str(out), "--quiet"]
+    assert main(argv) == 0, capsys.readouterr().err
+    as_earlier_lmforge(out, ["tokenizer.json", "tokenizer.vocab"] if command == "tokenizer train" else None)
+    assert main(argv) == 0, capsys.readouterr().err
+    assert record(out)["format"] == RECORD_FORMAT and record(out)["files"] == sorted(written(out))
+
+
+def test_an_earlier_record_never_makes_a_users_file_lmforges(tmp_path, capsys, built, encoder_dir, labeled):  # noqa: F811
+    """The earlier record listed thesis.txt and notes.md (they were in the folder): the rerun is refused naming
+    them; moved away, the run resumes, and its record never lists them: put back, they are the user's again."""
+    out = tmp_path / "ft"
+    argv = [a for a in finetune(encoder_dir, labeled, out, "lora", "--keep-checkpoints") if a != "--quiet"]
+    assert main(argv) == 0
+    for name in ("thesis.txt", "notes.md"):
+        (out / name).write_text(USER_FILES[name])
+    assert "thesis.txt" in record(as_earlier_lmforge(out))["files"]
+    built.clear()
+    refused(argv, tmp_path, capsys, built, "holds 2 files that lmforge did not write (notes.md, thesis.txt) (its "
+            f"{RECORD_NAME} is an older lmforge's")
+    for name in ("thesis.txt", "notes.md"):
+        os.replace(out / name, tmp_path / name)
+    assert main(argv) == 0 and "resuming" in capsys.readouterr().err
+    assert record(out)["files"] == sorted(written(out)) and "adapter.safetensors" in record(out)["files"]
+    os.replace(tmp_path / "thesis.txt", out / "thesis.txt")
+    built.clear()
+    refused(finetune(encoder_dir, labeled, out, "full", "--overwrite"), tmp_path, capsys, built,
+            "(thesis.txt); --overwrite never removes them")
+
+
+def test_an_earlier_lmforges_pretraining_run_resumes_bit_identical(
+        tmp_path, earlier_run, recipe_file, uninterrupted):  # noqa: F811
+    out = Path(shutil.copytree(earlier_run, tmp_path / "run"))
+    resumed = lmforge_cli("pretrain", "--config", str(recipe_file), "--out", str(out), "--threads", "1", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["resumed_from"] == 4
+    assert_identical(weights(out / "model"), uninterrupted)
+    assert record(out)["complete"] is True and record(out)["files"] == sorted(written(out))
+
+
+def test_a_users_file_in_an_earlier_pretraining_run_is_named_and_refused(
+        tmp_path, capsys, built, earlier_run, recipe_file):  # noqa: F811
+    out = Path(shutil.copytree(earlier_run, tmp_path / "run"))
+    (out / "thesis.txt").write_text(USER_FILES["thesis.txt"])
+    (out / "checkpoints" / "notes.md").write_text(USER_FILES["notes.md"])
+    refused(["pretrain", "--config", str(recipe_file), "--out", str(out)], tmp_path, capsys, built,
+            "holds 2 files that lmforge did not write (checkpoints/notes.md, thesis.txt); --overwrite never")
+
+
+def test_an_earlier_output_of_other_settings_is_refused_even_with_overwrite(
+        tmp_path, capsys, built, corpus, encoder_dir, labeled):  # noqa: F811
+    """Nothing is removed on the word of an earlier record (it listed user files) nor of names alone: another
+    tokenizer, or another strategy than an earlier fine-tune stopped mid-run (run/ only, no record)."""
+    tok = ["tokenizer", "train", "--kind", "bpe", "--min-frequency", "1", "--workers", "1", "--quiet", str(corpus)]
+    assert main([*tok, "--vocab-size", "60", "--out", str(tmp_path / "tok")]) == 0
+    as_earlier_lmforge(tmp_path / "tok", ["tokenizer.json", "tokenizer.vocab"])
+    cut = tmp_path / "ft"
+    assert main(finetune(encoder_dir, labeled, cut, "lora", "--keep-checkpoints")) == 0
+    for path in cut.iterdir():
+        if path.name != "run":
+            path.unlink()
+    built.clear()
+    refused([*tok, "--vocab-size", "70", "--out", str(tmp_path / "tok"), "--overwrite"], tmp_path, capsys, built,
+            "holds another tokenizer (vocab_size: 60, not 70), written by an earlier lmforge")
+    refused(finetune(encoder_dir, labeled, cut, "full", "--overwrite"), tmp_path, capsys, built,
+            "holds another finetune (strategy: lora, not full), written by an earlier lmforge", "not even with")
+    assert main(finetune(encoder_dir, labeled, cut, "lora", "--keep-checkpoints")) == 0  # its own: adopted
+    assert record(cut)["identity"]["strategy"] == "lora" and record(cut)["files"] == sorted(written(cut))
 
 
 def test_a_record_never_reaches_outside_its_folder(tmp_path, capsys, corpus):  # noqa: F811
@@ -261,7 +353,7 @@ def test_a_record_never_reaches_outside_its_folder(tmp_path, capsys, corpus):  #
     assert all(v.read_text() == "not lmforge's\n" for v in victims)
 
 
-# -- 3. single-file outputs: an existing file is replaced only with --overwrite ------------------------------------
+# -- 4. single-file outputs: an existing file is replaced only with --overwrite ------------------------------------
 def file_commands(i: dict[str, Path]) -> dict[str, tuple[list[str], str]]:
     """(argv without --out's value, the file name) of every command that writes one file."""
     return {

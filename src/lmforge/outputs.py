@@ -20,6 +20,11 @@ complete yet: an interrupted run's files are listed too, so it resumes), and add
 as the writers announce it (``lmforge.files.will_write``, which every atomic write, checkpoint and log calls):
 the list is what the run wrote, never a listing of the folder. On success the record is marked complete.
 
+A folder of an earlier lmforge (a record without ``format``, which listed every file of its folder, a user's too;
+or a pretraining or fine-tuning run, which kept no record) is adopted by a rerun of the same kind and identity:
+the new record lists only lmforge's own artefacts there (``legacy_record``), and any other file makes the folder
+refused as above. It is never trusted for deletion: another kind or identity is refused, with ``--overwrite`` too.
+
 A single file (``claim_file``: a GGUF, an .npy, a picture): an existing path is refused unless ``overwrite``.
 A file carries no record beside it, so lmforge cannot tell its own earlier output from a user's file of the
 same name; with ``overwrite`` the new file replaces it atomically once it is complete.
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -51,7 +57,7 @@ from lmforge.files import listening, temp_target, write_text_atomic
 from lmforge.lock import LOCK_NAME, RunLock
 
 RECORD_NAME = "lmforge-output.json"
-RECORD_FORMAT = "lmforge-output/2"  # older records listed every file of the folder: not trusted
+RECORD_FORMAT = "lmforge-output/2"  # older records (no format) listed every file: see legacy_record
 
 
 def check_not_inside(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None]) -> None:
@@ -84,6 +90,68 @@ def read_record(out: str | os.PathLike) -> dict[str, Any] | None:
     return record
 
 
+# -- folders of earlier lmforge versions: adopted by a rerun of the same output, never trusted to delete -------
+# Earlier versions wrote a record only when an output was complete, listing every file at its top (a user's too)
+# and no subfolder; a pretraining run wrote none. A rerun of the same output adopts only lmforge's own artefacts
+# there: names the old record lists that match LEGACY_LISTED, and paths matching LEGACY_UNLISTED (what those
+# versions wrote without listing: a run's checkpoints and logs, a PEFT export's base/).
+_TOKENIZER = (r"tokenizer\.json|tokenizer\.vocab|tokenizer_config\.json|special_tokens_map\.json|vocab\.txt|"
+              r"vocab\.json|merges\.txt|checksums\.json")
+_MODEL = (rf"{_TOKENIZER}|config\.json|model\.safetensors|adapter\.safetensors|adapter_config\.json|"
+          r"adapter_model\.safetensors|finetune\.json|confusion\.png")
+_CORPUS = r"manifest\.json|checksums\.json|(train|valid)\.(tokens|lines\.npy|docs\.npy)"
+_STEP = (r"(step-\d{6}|\.(tmp|old)-step-\d{6}-\d+)/"  # train/checkpoint.py: a checkpoint, or one cut short
+         r"(model\.safetensors|optimizer\.pt|trainer\.json|config\.json|checksums\.json)")
+_TRAINER = rf"config\.yaml|log\.jsonl|loss\.png|tensorboard/events\.out\.tfevents\.[^/]+|checkpoints/(latest|{_STEP})"
+LEGACY_LISTED = {"tokenizer": _TOKENIZER, "corpus": _CORPUS, "finetune": _MODEL, "model": _MODEL}
+LEGACY_UNLISTED = {"run": rf"{_TRAINER}|tokenizer/({_TOKENIZER})|corpus(-source|-target)?/({_CORPUS}|lines\.txt)|"
+                          rf"model/({_MODEL})",  # workflows/pretrain.py's run folder
+                   "finetune": rf"run/({_TRAINER})", "model": rf"base/({_MODEL})",
+                   "tokenizer": r"checksums\.json"}  # its record named only tokenizer.json and tokenizer.vocab
+LEGACY_WITHOUT_RECORD = {"run", "finetune"}  # kept none: a pretraining run, a fine-tune stopped before its end
+LEGACY_SETTINGS = {"finetune": ("run/config.yaml", "finetune")}  # where such a run kept its settings
+LEGACY_FOLDERS = re.compile(r"run|base|checkpoints|tokenizer|corpus(-source|-target)?|model|tensorboard|"
+                            r"step-\d{6}|\.(tmp|old)-step-\d{6}-\d+")  # the folders above: no other is entered
+
+
+def legacy_record(folder: Path, kind: str, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The output of an earlier lmforge in ``folder`` as a record (kind, identity, the files to adopt: see
+    above), or None: no such output. Without an old record, a run of ``LEGACY_WITHOUT_RECORD`` is looked for,
+    its identity read from its settings (``LEGACY_SETTINGS``), else taken to be ``identity`` (a pretraining run
+    checks its config.yaml when it resumes)."""
+    path = folder / RECORD_NAME
+    listed: set[str] = set()
+    if os.path.lexists(path):
+        old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
+        if not isinstance(old, dict) or "format" in old or not isinstance(old.get("kind"), str):
+            return None
+        kind, identity = old["kind"], old.get("identity")
+        listed = {f for f in old.get("files") or [] if isinstance(f, str)}
+    elif kind not in LEGACY_WITHOUT_RECORD:
+        return None
+    elif kind in LEGACY_SETTINGS:
+        identity = _settings(folder / LEGACY_SETTINGS[kind][0], LEGACY_SETTINGS[kind][1], identity)
+    top, under = re.compile(LEGACY_LISTED.get(kind, "(?!)")), re.compile(LEGACY_UNLISTED.get(kind, "(?!)"))
+    files = []
+    for parent, folders, names in os.walk(folder):  # links are not followed
+        folders[:] = [f for f in folders if LEGACY_FOLDERS.fullmatch(f)]
+        found = (Path(parent, n).relative_to(folder).as_posix() for n in names)
+        files += [f for f in found if (f in listed and top.fullmatch(f)) or under.fullmatch(f)]
+    return {"kind": kind, "identity": identity, "files": files} if files or os.path.lexists(path) else None
+
+
+def _settings(path: Path, section: str, identity: dict[str, Any]) -> dict[str, Any]:
+    """``identity``'s keys as the run's ``config.yaml`` (``path``) holds them in ``section`` (none or unreadable:
+    ``identity`` as given)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))[section]
+        return {key: saved[key] for key in identity}
+    except (OSError, ValueError, yaml.YAMLError, TypeError, KeyError):
+        return identity
+
+
 class Output:
     """A claimed output folder; see the module docstring. Made by ``claim_output``."""
 
@@ -104,32 +172,43 @@ class Output:
         if not folder.is_dir():
             return [], set(), False
         record = read_record(folder)
+        earlier = record is None and os.path.lexists(folder / RECORD_NAME)  # a record of an earlier lmforge
+        if record is None and (record := legacy_record(folder, self.kind, self.identity)) and (
+                reason := self.differs(record)):  # an earlier record listed user files too: never trusted to delete
+            raise LmforgeError(f"{folder}: {reason}, written by an earlier lmforge, whose files lmforge cannot tell "
+                               "from yours: it removes nothing there, not even with --overwrite; choose another --out, "
+                               "or move that folder away")
         ours, foreign = survey(folder, set(record["files"]) if record else set())
         if foreign:
             shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
             noun = "file or folder" if any(f.endswith("/") for f in foreign) else "file"
             noun = noun.replace("file", "files").replace("folder", "folders") if len(foreign) > 1 else noun
-            older = (f" (its {RECORD_NAME} is an older lmforge's, which listed every file in the folder)"
-                     if record is None and (folder / RECORD_NAME).is_file() else "")
+            older = f" (its {RECORD_NAME} is an older lmforge's, which listed every file in the folder)" * earlier
             raise LmforgeError(f"{folder}: holds {len(foreign)} {noun} that lmforge did not write ({shown}){older}; "
                                "--overwrite never removes them: choose an empty or new --out")
         listed = {p.relative_to(folder).as_posix() for p in ours if temp_target(p.name) is None}
-        if record is None or (record.get("kind") == self.kind and record.get("identity") == self.identity):
+        reason = record and self.differs(record)
+        if not reason:  # no output there, or this one: a rerun, a resume
             return ours, listed, False
         if not listed:  # an output that failed before writing a file: nothing to lose
             return ours, set(), True
-        if record.get("kind") != self.kind:
-            reason = f"holds a {record.get('kind')}, not a {self.kind}"
-        else:
-            old = record.get("identity") or {}
-            key = next(k for k in sorted(set(old) | set(self.identity), key=str)
-                       if old.get(k) != self.identity.get(k))
-            reason = f"holds another {self.kind} ({key}: {old.get(key)}, not {self.identity.get(key)})"
         if not self.overwrite:
             raise LmforgeError(f"{folder}: {reason}; choose another --out" +
                                (f" or pass {self.flag} (it removes only the files that output's {RECORD_NAME} "
                                 "lists)" if self.flag else ""))
         return ours, set(), True
+
+    def differs(self, record: dict[str, Any]) -> str | None:
+        """How the output ``record`` describes differs from this one ("holds a ..."); None: the same one."""
+        if record.get("kind") != self.kind:
+            return f"holds a {record.get('kind')}, not a {self.kind}"
+        old = record.get("identity")
+        if old == self.identity:
+            return None
+        old = old if isinstance(old, dict) else {}
+        keys = [k for k in sorted(set(old) | set(self.identity), key=str) if old.get(k) != self.identity.get(k)]
+        return f"holds another {self.kind}" + "".join(f" ({k}: {old.get(k)}, not {self.identity.get(k)})"
+                                                      for k in keys[:1])
 
     def __enter__(self) -> Output:
         self._lock = RunLock(self.folder).acquire()
