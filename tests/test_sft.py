@@ -287,6 +287,7 @@ def test_a_chat_run_never_computes_logits_for_every_position(chat_data, tmp_path
     report = json.loads(capsys.readouterr().out)
     assert max(calls) <= 8, calls  # before: every position of the evaluation rows (112), and N > 8 in training
     assert report["eval"]["eval_loss"] > 0 and len(calls) > 6  # 3 steps, 2 evaluations, the final eval loss
+    assert report["peak_rss_bytes"] >= report["peak_rss_delta_bytes"] >= 0  # what the run measured of itself
     events = [json.loads(line) for line in (tmp_path / "out" / "run" / "log.jsonl").read_text().splitlines()]
     assert any("eval_loss" in e for e in events if e.get("event") == "eval")
 

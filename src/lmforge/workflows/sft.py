@@ -117,6 +117,7 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     from lmforge.models.strategies import StrategySpec, apply_decoder_strategy
     from lmforge.nn.lora import LORA_TARGETS
     from lmforge.train.trainer import Trainer, seed_everything
+    from lmforge.workflows.finetune import current_rss, memory_report
     from lmforge.workflows.finetune_eval import BestCheckpoint, LastStepClock, parameter_counts
 
     seed_everything(args.seed)
@@ -163,7 +164,7 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
                       recipe=recipe, schema=FINETUNE, model_info={"task": "chat"},
                       forward_options={"loss_only": True},  # only the assistant's tokens are scored,
                       eval_options={"loss_only": True})  # in training and in evaluation
-    start = time.perf_counter()
+    rss_before, start = current_rss(), time.perf_counter()
     result = trainer.fit()
     train_s = (clock.last or time.perf_counter()) - start
     if not args.keep_checkpoints:
@@ -180,7 +181,7 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
               "messages_dropped": dropped, "tokens_added": added, "train_loss": result.loss,
               "eval": {"eval_loss": final, "eval_ppl": math.exp(final)} if final is not None else {},
               "train_time_s": round(train_s, 2), "tokens_per_s": round(tokens / max(train_s, 1e-9), 1),
-              **kept, **parameter_counts(model)}
+              **kept, **parameter_counts(model), **memory_report(model, rss_before, trainer.device)}
     info = {"task": "chat", "strategy": args.strategy, "labels": [], "base_model": str(args.model),
             "base_model_sha256": base_sha256,
             "max_len": max_len, "mix": False,
