@@ -10,7 +10,7 @@ step for memory that no longer grows with the depth.
     model(**batch).loss.backward()   # the same loss and gradients (tests/test_memory.py)
 
 Measured on SmolLM2-135M, LoRA, one update of 16 rows x 512 tokens, 2 cores (docs/finetuning.md#memory): in 4
-passes of 4 rows, 28 s and 4.9 GB without, 40 s and 2.4 GB with it. So it pays only where even one row's
+passes of 4 rows, 28 s and 5.2 GB without, 40 s and 2.5 GB with it. So it pays only where even one row's
 activations do not fit (long ``--max-len``); ``lmforge finetune --task chat --activation-checkpointing``.
 The module tree is left as it is (the layers' forward is wrapped in place), so state dicts and saved weights
 keep their names.
