@@ -23,7 +23,7 @@ from lmforge.workflows.chat_eval import (
     with_shots,
 )
 from lmforge.workflows.options import EvaluateOptions
-from test_sft import pretrained_base, tokenizer
+from test_sft import head_rows, pretrained_base, tokenizer
 
 QUESTIONS = ["what is two plus two?", "name a colour:", "and three plus three?"]
 
@@ -61,6 +61,19 @@ def test_choices_are_scored_by_their_log_likelihood_batched_as_alone(model_and_t
                 logits = model(torch.tensor([prompt + ids])).logits[0]
             by_hand = sum(torch.log_softmax(logits[len(prompt) - 1 + k], -1)[t].item() for k, t in enumerate(ids))
             assert n == len(ids) and logp == pytest.approx(by_hand, abs=1e-9)
+
+
+def test_choices_are_scored_without_logits_for_every_position(model_and_tok, monkeypatch):
+    """The LM head runs on each row's last position (the forward's one kept row) and on the positions that predict
+    a choice's tokens, never on every position of the batch: (B, T, V) is 2 GB for SmolLM2 at 64 rows x 160."""
+    model, tok = model_and_tok
+    fmt = ChatFormat(tok, model.config.max_positions)
+    prompts = [fmt.prompt_ids(user(q)) for q in QUESTIONS]
+    choices = [["four.", "five, maybe."], ["red.", "a colour"], ["six.", "seven", "eight."]]
+    calls = head_rows(monkeypatch)
+    choice_logprobs(model, fmt, prompts, choices, batch_size=8)
+    n_targets = sum(len(fmt.encode(c)) for cs in choices for c in cs)
+    assert calls == [7, n_targets]  # 7 rows, then every choice token: not 7 x T
 
 
 def test_greedy_replies_in_a_batch_equal_each_alone(model_and_tok):

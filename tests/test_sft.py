@@ -238,3 +238,85 @@ def test_loss_only_scores_the_same_targets_with_the_same_gradients():
     torch.testing.assert_close(sparse.loss, full.loss, rtol=1e-12, atol=1e-12)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, want[n], rtol=1e-10, atol=1e-12, msg=n)
+
+
+def test_loss_only_in_chunks_gives_the_same_loss_and_gradients():
+    """Over ``loss_chunk_rows`` targets the LM head and the loss run chunk by chunk (nn/loss.py): the same loss and
+    gradients as the full (B, T, V) computation (float64), and no logits come back."""
+    torch.manual_seed(0)
+    model = tiny_llama(97, dtype=torch.float64)
+    ids = torch.randint(3, 97, (3, 12))
+    labels = ids.clone()
+    labels[1, :5] = IGNORE_INDEX  # 28 targets: chunks of 8, 8, 8 and 4
+    full = model(input_ids=ids, labels=labels)
+    full.loss.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.loss_chunk_rows = 8
+    chunked = model(input_ids=ids, labels=labels, loss_only=True)
+    chunked.loss.backward()
+    assert chunked.logits is None
+    torch.testing.assert_close(chunked.loss, full.loss, rtol=1e-12, atol=1e-12)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-10, atol=1e-12, msg=n)
+
+
+def head_rows(monkeypatch) -> list[int]:
+    """The number of positions each call of any LM head scores, appended as the calls happen."""
+    from lmforge.models.heads import LMHead
+
+    calls, forward = [], LMHead.forward
+
+    def counted(self, h):
+        calls.append(h.shape[:-1].numel())
+        return forward(self, h)
+
+    monkeypatch.setattr(LMHead, "forward", counted)
+    return calls
+
+
+def test_a_chat_run_never_computes_logits_for_every_position(chat_data, tmp_path, capsys, monkeypatch):
+    """Training steps, the trainer's evaluation and the final eval loss run the LM head on the assistant's tokens
+    only, in chunks of at most ``loss_chunk_rows``: (B, T, V) logits never exist (4 rows x 64 tokens here)."""
+    calls = head_rows(monkeypatch)
+    monkeypatch.setattr(Decoder, "loss_chunk_rows", 8, raising=False)
+    assert main(["finetune", "--task", "chat", "--model", str(chat_data / "base"), "--train",
+                 str(chat_data / "train.jsonl"), "--eval", str(chat_data / "dev.jsonl"), "--strategy", "lora",
+                 "--max-steps", "3", "--batch-size", "4", "--max-len", "64", "--eval-every", "2",
+                 "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert max(calls) <= 8, calls  # before: every position of the evaluation rows (112), and N > 8 in training
+    assert report["eval"]["eval_loss"] > 0 and len(calls) > 6  # 3 steps, 2 evaluations, the final eval loss
+    assert report["peak_rss_bytes"] >= report["peak_rss_delta_bytes"] >= 0  # what the run measured of itself
+    events = [json.loads(line) for line in (tmp_path / "out" / "run" / "log.jsonl").read_text().splitlines()]
+    assert any("eval_loss" in e for e in events if e.get("event") == "eval")
+
+
+@pytest.mark.parametrize("options", [["--micro-batch-size", "1"], ["--activation-checkpointing"]])
+def test_passes_and_recomputation_change_the_memory_not_the_run(chat_data, tmp_path, capsys, options):
+    """A step of 4 rows in 4 passes of 1 row (the trainer weights each pass by its targets), or with each layer
+    recomputed in the backward pass: the same losses and the same tuned weights as 4 rows in one pass."""
+    from safetensors.torch import load_file
+
+    def run(name: str, extra: list[str]) -> dict:
+        assert main(["finetune", "--task", "chat", "--model", str(chat_data / "base"), "--train",
+                     str(chat_data / "train.jsonl"), "--eval", str(chat_data / "dev.jsonl"), "--strategy", "lora",
+                     "--lora-dropout", "0", "--max-steps", "3", "--batch-size", "4", "--max-len", "64",
+                     "--lr", "1e-2", "--out", str(tmp_path / name), "--no-progress", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    one, other = run("one", ["--micro-batch-size", "4"]), run("other", options)
+    assert one["rows_per_pass"] == 4 and other["rows_per_pass"] == (1 if "1" in options else 4)
+    assert other["train_loss"] == pytest.approx(one["train_loss"], rel=1e-5)
+    assert other["eval"]["eval_loss"] == pytest.approx(one["eval"]["eval_loss"], rel=1e-5)
+    weights = [load_file(next((tmp_path / name).glob("*.safetensors"))) for name in ("one", "other")]
+    assert weights[0].keys() == weights[1].keys()
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_a_micro_batch_size_that_does_not_divide_the_batch_is_one_line(chat_data, tmp_path, capsys):
+    assert main(["finetune", "--task", "chat", "--model", str(chat_data / "base"), "--train",
+                 str(chat_data / "train.jsonl"), "--batch-size", "4", "--micro-batch-size", "3",
+                 "--out", str(tmp_path / "x"), "--no-progress"]) != 0
+    assert "--micro-batch-size 3 must divide --batch-size 4" in capsys.readouterr().err

@@ -31,12 +31,12 @@ from lmforge.models.common import (
     init_weights,
     next_token_loss,
     padding_mask,
-    token_loss,
 )
 from lmforge.models.config import DecoderConfig
 from lmforge.models.heads import LMHead
 from lmforge.models.outputs import ModelOutput
 from lmforge.nn import LayerCache, LearnedPositions, RotaryEmbedding, TransformerLayer, make_norm
+from lmforge.nn.loss import LOSS_CHUNK_ROWS, chunked_token_loss
 
 
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -57,6 +57,7 @@ class Decoder(nn.Module):
     """
 
     label_shift = 1  # the loss scores logits[:, :-1] against labels[:, 1:]: the trainer counts labels[:, 1:]
+    loss_chunk_rows = LOSS_CHUNK_ROWS  # loss_only: the LM head runs on at most this many positions at a time
 
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
@@ -118,7 +119,8 @@ class Decoder(nn.Module):
             within its own segment (block-diagonal causal attention); pass position_ids restarting per segment.
         loss_only: with labels, compute the logits of the N positions that have a target only, (N, V): the same
             loss, and the LM head's work (V columns a position) shrinks to what is scored (instruction tuning
-            labels only the assistant's tokens). Training steps only: metrics that need (B, T, V) get none.
+            labels only the assistant's tokens). Over ``loss_chunk_rows`` targets the head and the loss run in
+            chunks of that many rows (nn/loss.py) and no logits are returned. Metrics that need (B, T, V) get none.
         hidden_states follow Hugging Face: (embeddings, layer 1, ..., layer L-1, LN_f(layer L)).
         """
         check_ids(input_ids)
@@ -149,24 +151,13 @@ class Decoder(nn.Module):
                 attentions.append(out.self_attention)
         h = self.norm_f(h)  # (B, T, D)
         hidden[-1] = h
-        scored = h  # the positions whose logits are computed
-        targets = None
         if loss_only and labels is not None:  # (N, D): the positions whose next token is a target
             targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # (B, T) the target of each position
             scored_at = targets != IGNORE_INDEX  # (B, T)
-            targets, scored = targets[scored_at], h[scored_at]  # (N,), (N, D)
-        elif logit_positions is not None:  # (B, 1, D): row b's hidden state at logit_positions[b]
-            scored = h.gather(1, logit_positions.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
-        elif logits_to_keep:
-            scored = h[:, -logits_to_keep:]  # (B, n, D)
-        logits = self.lm_head(scored)  # (B, T, V), (B, n, V) or (B, 1, V)
-        if logits.shape[-1] != self.config.vocab_size:  # padded rows (vocab_multiple) are never a token
-            logits = logits[..., : self.config.vocab_size]
-        if self.config.logit_softcap is not None:
-            logits = soft_cap(logits, self.config.logit_softcap)
-        if targets is not None:
-            loss = token_loss(logits, targets)
+            # (N, V) logits, or None when N is over loss_chunk_rows: the head then runs chunk by chunk
+            logits, loss = chunked_token_loss(self.head, h[scored_at], targets[scored_at], self.loss_chunk_rows)
         else:
+            logits = self.head(self.scored_positions(h, logits_to_keep, logit_positions))  # (B, T | n | 1, V)
             loss = next_token_loss(logits, labels) if labels is not None else None
         return ModelOutput(
             logits=logits,
@@ -175,6 +166,22 @@ class Decoder(nn.Module):
             attentions=tuple(attentions) if output_attentions else None,
             last_hidden_state=h,
         )
+
+    def scored_positions(self, h: torch.Tensor, logits_to_keep: int,
+                         logit_positions: torch.Tensor | None) -> torch.Tensor:
+        """The hidden states whose logits are wanted: all (B, T, D), the last n (B, n, D) or one per row (B, 1, D)."""
+        if logit_positions is not None:  # (B, 1, D): row b's hidden state at logit_positions[b]
+            return h.gather(1, logit_positions.view(-1, 1, 1).expand(-1, 1, h.shape[-1]))
+        return h[:, -logits_to_keep:] if logits_to_keep else h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of hidden states (..., D): the LM head, the padded vocabulary rows dropped, the soft cap."""
+        logits = self.lm_head(h)
+        if logits.shape[-1] != self.config.vocab_size:  # padded rows (vocab_multiple) are never a token
+            logits = logits[..., : self.config.vocab_size]
+        if self.config.logit_softcap is not None:
+            logits = soft_cap(logits, self.config.logit_softcap)
+        return logits
 
     def new_caches(
         self, batch: int, max_len: int, dtype: torch.dtype | None = None, device: torch.device | None = None

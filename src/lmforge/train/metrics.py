@@ -131,16 +131,10 @@ class EvalAccumulator:
         loss = getattr(output, "loss", None)
         if loss is not None and n > 0:
             self._add("loss", float(loss), n)
-        logits, labels = getattr(output, "logits", None), batch.get("labels")
-        if logits is not None and labels is not None and logits.shape[:-1] == labels.shape:
-            if labels.dim() > 1:  # tokens: (B, T, V) against (B, T), the model's shift applied
-                s = self.shift
-                pred, target = logits[:, : logits.shape[1] - s].argmax(-1), labels[:, s:]  # (B, T - s)
-            else:  # one label per row: (B, C) against (B,)
-                pred, target = logits.argmax(-1), labels
-            mask = target != IGNORE_INDEX
-            if mask.any():
-                self._add("accuracy", float((pred[mask] == target[mask]).float().mean()), float(mask.sum()))
+        scored = self.predictions(getattr(output, "logits", None), batch.get("labels"))
+        if scored is not None and len(scored[1]):
+            pred, target = scored
+            self._add("accuracy", float((pred == target).float().mean()), float(len(target)))
         nsp_logits, nsp_labels = getattr(output, "next_sentence_logits", None), batch.get("next_sentence_label")
         if nsp_logits is not None and nsp_labels is not None:
             self._add("nsp_accuracy", float((nsp_logits.argmax(-1) == nsp_labels).float().mean()),
@@ -148,6 +142,28 @@ class EvalAccumulator:
         for key, value in (getattr(output, "metrics", None) or {}).items():  # model-defined, averaged by rows
             rows = next(iter(batch.values())).shape[0]
             self._add(str(key), float(value), float(rows))
+
+    def predictions(self, logits: torch.Tensor | None, labels: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(argmax predictions, labels) over the positions that have a label, or None if the shapes do not pair.
+
+        logits (B, T, V) with labels (B, T) (the model's shift applied), (B, C) with (B,), or (N, V) with (B, T)
+        holding N labels: a decoder's ``loss_only`` logits, one row per labelled position in row-major order.
+        """
+        if logits is None or labels is None:
+            return None
+        if labels.dim() > 1:  # tokens
+            target = labels[:, self.shift:]  # (B, T - s)
+            mask = target != IGNORE_INDEX
+            if logits.shape[:-1] == labels.shape:  # (B, T, V)
+                return logits[:, : logits.shape[1] - self.shift].argmax(-1)[mask], target[mask]
+            if logits.dim() == 2 and logits.shape[0] == int(mask.sum()):  # (N, V)
+                return logits.argmax(-1), target[mask]
+            return None
+        if logits.shape[:-1] != labels.shape:
+            return None
+        mask = labels != IGNORE_INDEX  # one label per row: (B, C) against (B,)
+        return logits.argmax(-1)[mask], labels[mask]
 
     def merge(self, others: Iterable[dict[str, float]]) -> None:
         """Replace the sums by the sum of every process's ``sums`` (gathered across ranks)."""

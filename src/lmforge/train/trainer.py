@@ -127,8 +127,9 @@ class Trainer:
         policy says which sections a resumed run must keep (without it, only ``train:`` may change).
     tokenizer_dir, model_info: where the run's tokenizer is and more config.json fields (a classifier's
         labels); each checkpoint's config.json holds them, so that a checkpoint is a model directory.
-    forward_options: more keyword arguments of the model's forward on training steps (not on evaluation), e.g.
-        ``{"loss_only": True}`` for a decoder whose labels cover a few positions.
+    forward_options: more keyword arguments of the model's forward on training steps, e.g. ``{"loss_only": True}``
+        for a decoder whose labels cover a few positions; ``eval_options``: the same at evaluation (where
+        ``eval_accuracy`` then needs the logits the model still returns; metrics.py).
     """
 
     def __init__(
@@ -143,9 +144,10 @@ class Trainer:
         model_info: dict[str, Any] | None = None,
         schema: Recipe | None = None,
         forward_options: dict[str, Any] | None = None,
+        eval_options: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.source, self.config = model, source, config
-        self.forward_options = dict(forward_options or {})
+        self.forward_options, self.eval_options = dict(forward_options or {}), dict(eval_options or {})
         self.tokenizer_dir, self.model_info = tokenizer_dir, model_info
         self.run_dir = Path(run_dir)
         self.callbacks = list(callbacks or [])
@@ -406,7 +408,7 @@ class Trainer:
                 continue
             batch = {k: v.to(self.device) for k, v in batch.items()}
             with self._autocast():
-                acc.update(batch, model(**batch))
+                acc.update(batch, model(**batch, **self.eval_options))
         if not fsdp:
             acc.merge(D.gather_objects(acc.sums, env))  # type: ignore[arg-type]
         model.train()

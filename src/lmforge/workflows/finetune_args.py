@@ -42,6 +42,12 @@ class FinetuneArgs:
     epochs: float = setting(2.0, "passes over the training set", above=0, may_change=True)
     max_steps: int = setting(0, "optimizer steps (0: from epochs)", min=0, may_change=True)
     batch_size: int = setting(16, "rows per step", min=1)
+    micro_batch_size: int = setting(0, "chat: rows per forward pass, a divisor of --batch-size; the step's gradient "
+                                    "is the same, the memory smaller (0: the most rows within 2,048 tokens)",
+                                    min=0, may_change=True, metavar="N")
+    activation_checkpointing: bool = setting(False, "chat: keep only each layer's input and recompute the rest in "
+                                             "the backward pass (less memory, about 40% more time)",
+                                             may_change=True)
     lr: float | None = setting(None, "peak learning rate (default: full 5e-5, frozen 1e-3, lora/adapter 5e-4)",
                                above=0, may_change=True)
     weight_decay: float = setting(0.01, "AdamW weight decay", min=0, may_change=True)
@@ -105,6 +111,10 @@ class FinetuneArgs:
              "seq-cls only (a token-cls pseudo-label would need a confidence per word)"),
             (self.task == "chat" and (self.mix or self.arch != "transformer" or self.scratch),
              "--task chat tunes a decoder as it is: no --mix, --arch cnn or --scratch"),
+            ((self.micro_batch_size or self.activation_checkpointing) and self.task != "chat",
+             "--micro-batch-size / --activation-checkpointing go with --task chat"),
+            (self.micro_batch_size and self.batch_size % self.micro_batch_size,
+             f"--micro-batch-size {self.micro_batch_size} must divide --batch-size {self.batch_size}"),
         ]
         for broken, message in rules:
             if broken:
@@ -119,8 +129,25 @@ class FinetuneArgs:
 FINETUNE = Recipe({"finetune": FinetuneArgs}, fixed=("finetune",))
 
 
-def train_config(args: FinetuneArgs, steps: int):
-    """The trainer's settings for a fine-tuning run of ``steps`` optimizer steps (linear decay, warmup)."""
+TOKENS_PER_PASS = 2048  # chat: tokens per forward pass by default (docs/finetuning.md#memory)
+
+
+def micro_batches(args: FinetuneArgs, max_len: int) -> tuple[int, int]:
+    """(rows per forward pass, passes per step): ``--micro-batch-size``, or the most rows of ``max_len`` tokens
+    within TOKENS_PER_PASS that divide ``--batch-size`` (at least 1). The trainer weights each pass by its targets,
+    so the step's loss and gradient are the batch's (train/metrics.py); only the activations kept shrink.
+
+    >>> micro_batches(FinetuneArgs(batch_size=16), 512), micro_batches(FinetuneArgs(batch_size=16), 128)
+    ((4, 4), (16, 1))
+    """
+    rows = args.micro_batch_size or max(d for d in range(1, args.batch_size + 1)
+                                        if args.batch_size % d == 0 and (d == 1 or d * max_len <= TOKENS_PER_PASS))
+    return rows, args.batch_size // rows
+
+
+def train_config(args: FinetuneArgs, steps: int, grad_accum: int = 1):
+    """The trainer's settings for a fine-tuning run of ``steps`` optimizer steps (linear decay, warmup), each of
+    ``grad_accum`` passes of ``batch_size / grad_accum`` rows."""
     import math
 
     from lmforge.train.config import TrainConfig
@@ -129,7 +156,8 @@ def train_config(args: FinetuneArgs, steps: int):
     base = max(1, steps // 20)  # about 20 log lines a run, on every evaluation step too
     return TrainConfig(lr=lr, weight_decay=args.weight_decay, betas=(0.9, 0.999),
                        warmup_steps=int(args.warmup * steps), max_steps=steps, schedule="linear",
-                       batch_size=args.batch_size, save_every=args.save_every, keep_last=1,
+                       batch_size=args.batch_size // grad_accum, grad_accum=grad_accum,
+                       save_every=args.save_every, keep_last=1,
                        log_every=math.gcd(args.eval_every, base) if args.eval_every else base,
                        progress=args.progress, tensorboard=False, seed=args.seed, device=args.device,
                        precision=args.precision, compile=args.compile)

@@ -32,7 +32,7 @@ from lmforge.data.chat import ChatSource, Encoded, encode_conversation, pack, re
 from lmforge.errors import LmforgeError
 from lmforge.files import remove_tree, write_text_atomic
 from lmforge.tokenizers.chat import ChatTemplate
-from lmforge.workflows.finetune_args import REPORT_FILE, FinetuneArgs, train_config
+from lmforge.workflows.finetune_args import REPORT_FILE, FinetuneArgs, micro_batches, train_config
 
 COURSE_MARKERS = ("<|im_start|>", "<|im_end|>")
 COURSE_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
@@ -97,14 +97,15 @@ def encode_all(template: ChatTemplate, tok: Any, path: str, limit: int, max_len:
 
 
 def eval_loss(model: nn.Module, source: ChatSource) -> float:
-    """Mean loss per assistant token over the evaluation rows (summed over rows, then divided: exact)."""
+    """Mean loss per assistant token over the evaluation rows (summed over rows, then divided: exact); the LM head
+    runs on the assistant's positions only (``loss_only``), never on (B, T, V)."""
     device = next(model.parameters()).device
     total, count = 0.0, 0
     for batch in source.eval_batches():
         batch = {k: v.to(device) for k, v in batch.items()}
         n = int((batch["labels"][:, 1:] != -100).sum())
         if n:
-            total += float(model(**batch).loss) * n
+            total += float(model(**batch, loss_only=True).loss) * n
             count += n
     return total / max(count, 1)
 
@@ -115,6 +116,7 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     from lmforge.models.strategies import StrategySpec, apply_decoder_strategy
     from lmforge.nn.lora import LORA_TARGETS
     from lmforge.train.trainer import Trainer, seed_everything
+    from lmforge.workflows.finetune import current_rss, memory_report
     from lmforge.workflows.finetune_eval import BestCheckpoint, LastStepClock, parameter_counts
 
     seed_everything(args.seed)
@@ -137,11 +139,16 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
                         lora_dropout=args.lora_dropout, lora_targets=list(args.lora_targets or LORA_TARGETS),
                         adapter_size=args.adapter_size)
     model = apply_decoder_strategy(model, spec)
+    if args.activation_checkpointing:
+        from lmforge.train.recompute import recompute_layers
+
+        recompute_layers(model)
     pad = tok.pad_id if tok.pad_id is not None else (tok.eos_id or 0)
-    source = ChatSource(rows, args.batch_size, pad, args.seed, eval_rows=eval_rows,
+    micro, passes = micro_batches(args, max_len)  # the step's rows in passes of `micro` (less memory, same step)
+    source = ChatSource(rows, micro, pad, args.seed, grad_accum=passes, eval_rows=eval_rows,
                         eval_batch_size=args.eval_batch_size)
     steps = args.max_steps or max(1, math.ceil(args.epochs * len(rows) / args.batch_size))
-    config = train_config(args, steps)
+    config = train_config(args, steps, passes)
     best = None
     if args.eval_every and eval_rows:
         best = BestCheckpoint(model, lambda m: {"eval_loss": eval_loss(m, source)}, args.eval_every, "eval_loss",
@@ -154,8 +161,9 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     clock = LastStepClock()
     trainer = Trainer(model, source, config, out / "run", callbacks=[clock] + ([best] if best else []),
                       recipe=recipe, schema=FINETUNE, model_info={"task": "chat"},
-                      forward_options={"loss_only": True})  # only the assistant's tokens are scored
-    start = time.perf_counter()
+                      forward_options={"loss_only": True},  # only the assistant's tokens are scored,
+                      eval_options={"loss_only": True})  # in training and in evaluation
+    rss_before, start = current_rss(), time.perf_counter()
     result = trainer.fit()
     train_s = (clock.last or time.perf_counter()) - start
     if not args.keep_checkpoints:
@@ -168,10 +176,11 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
         final = eval_loss(model, source) if eval_rows else None
     report = {"model": str(args.model), "task": "chat", "strategy": args.strategy, "packing": args.packing,
               "conversations": len(train_ex), "rows": len(rows), "steps": steps, "max_len": max_len,
+              "rows_per_pass": micro,
               "messages_dropped": dropped, "tokens_added": added, "train_loss": result.loss,
               "eval": {"eval_loss": final, "eval_ppl": math.exp(final)} if final is not None else {},
               "train_time_s": round(train_s, 2), "tokens_per_s": round(tokens / max(train_s, 1e-9), 1),
-              **kept, **parameter_counts(model)}
+              **kept, **parameter_counts(model), **memory_report(model, rss_before, trainer.device)}
     info = {"task": "chat", "strategy": args.strategy, "labels": [], "base_model": str(args.model),
             "base_model_sha256": base_sha256,
             "max_len": max_len, "mix": False,
