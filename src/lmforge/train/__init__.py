@@ -12,6 +12,7 @@
     distributed.py  DDP or FSDP under torchrun
     signals.py      SIGINT / SIGTERM stop at a step boundary and save
     logs.py         log.jsonl, TensorBoard events (optional), loss.png
+    recompute.py    activation checkpointing: a layer's activations recomputed in the backward pass
     metrics.py      target counts (the weights of gradient accumulation) and evaluation metrics
     scores.py       classification scores: accuracy, macro-F1, per-class report, confusion matrix, chunk F1
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -47,7 +46,7 @@ from lmforge.outputs import claim_output
 from lmforge.workflows import self_training
 from lmforge.workflows.classify import encode, evaluate_model, predict_lines, probabilities
 from lmforge.workflows.finetune_args import REPORT_FILE, FinetuneArgs, train_config
-from lmforge.workflows.finetune_eval import LastStepClock, parameter_counts
+from lmforge.workflows.finetune_eval import LastStepClock, current_rss, memory_report, parameter_counts
 
 # The fine-tuning API in one place: train (finetune), reload (load_finetuned), score and predict.
 __all__ = ["FinetuneArgs", "evaluate_model", "finetune", "load_finetuned", "parameter_counts", "predict_lines"]
@@ -64,32 +63,6 @@ def build_cnn_task_model(model_dir: str | Path, num_labels: int):
     if tok.pad_id is None:
         raise LmforgeError(f"{model_dir}: the tokenizer has no padding token")
     return cnn_classifier_for(tok, num_labels).train(), tok
-
-
-def memory_report(model: nn.Module, rss_before: int, device: torch.device) -> dict[str, int]:
-    """What the run held in memory (bytes), stating what was measured.
-
-    training_state_bytes: parameters + gradients + AdamW's two moments of the trainable ones (computed).
-    peak_rss_bytes: the process's peak resident memory (ru_maxrss; includes loading and activations);
-    peak_rss_delta_bytes: that peak minus the resident memory just before training; cuda_peak_bytes on GPU.
-    """
-    import resource
-
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    out = {"training_state_bytes": params + 3 * trainable, "peak_rss_bytes": peak,
-           "peak_rss_delta_bytes": max(0, peak - rss_before)}
-    if device.type == "cuda":
-        out["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
-    return out
-
-
-def current_rss() -> int:
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 # -- the run ----------------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ improvement. The report names the step that was kept:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,3 +87,29 @@ class LastStepClock(Callback):
 
     def on_step(self, trainer: Any, step: int, record: dict[str, Any]) -> None:
         self.last, self.last_cpu = time.perf_counter(), time.process_time()
+
+
+def memory_report(model: nn.Module, rss_before: int, device: torch.device) -> dict[str, int]:
+    """What the run held in memory (bytes), stating what was measured.
+
+    training_state_bytes: parameters + gradients + AdamW's two moments of the trainable ones (computed).
+    peak_rss_bytes: the process's peak resident memory (ru_maxrss; includes loading and activations);
+    peak_rss_delta_bytes: that peak minus the resident memory just before training; cuda_peak_bytes on GPU.
+    """
+    import resource
+
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    out = {"training_state_bytes": params + 3 * trainable, "peak_rss_bytes": peak,
+           "peak_rss_delta_bytes": max(0, peak - rss_before)}
+    if device.type == "cuda":
+        out["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+    return out
+
+
+def current_rss() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -17,6 +17,7 @@ by the context, ``--attention-tokens`` and a budget of weights, and runs one at 
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 import queue
@@ -54,11 +55,15 @@ class EngineThread:
     another makes two teams; libgomp then has more threads than cores and spins only briefly before sleeping, and
     every parallel region of a step pays the wake-up (docs/serving.md, docs/benchmarks.md)."""
 
+    JOB_SHARE = 0.25  # at most this part of the engine's time goes to other model calls while requests decode
+
     def __init__(self, engine: Engine, start: bool = True) -> None:
         self.engine = engine
         self.wake = threading.Event()
         self.stopping = False
         self.steps, self.busy = 0, 0.0  # steps taken, and seconds spent in them (/metrics)
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = queue.SimpleQueue()
+        self.job_due = 0.0  # monotonic time before which no job runs while requests decode
         self.outbox: queue.SimpleQueue[list[Generation] | None] = queue.SimpleQueue()
         engine.sink = self.outbox.put
         self.outputs = threading.Thread(target=self.hand_on, name="lmforge-outputs", daemon=True)
@@ -72,17 +77,41 @@ class EngineThread:
         self.wake.set()
         return generation
 
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run on the engine's thread between two steps (another model call: an attention page), its
+        result or its exception. One thread runs the model: a second would start a second team of OpenMP threads
+        that fights the engine's for the cores. While requests decode, such calls take at most ``JOB_SHARE`` of
+        the engine's time (a call waits); an idle engine runs them at once."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.jobs.put((fn, future))
+        self.wake.set()
+        return future.result()
+
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Step in this thread until ``until()`` is true (checked between steps and at least every 0.2 s) or
-        ``stop()`` is called."""
+        ``stop()`` is called; run the calls that wait (``call``) between steps."""
         while not self.stopping and not until():
-            if self.engine.idle():
+            idle = self.engine.idle()
+            if not self.jobs.empty() and (idle or time.monotonic() >= self.job_due):
+                self.run_job()
+                continue
+            if idle:
                 self.wake.wait(0.2)
                 self.wake.clear()
                 continue
             began = time.perf_counter()
             self.engine.step()
             self.steps, self.busy = self.steps + 1, self.busy + time.perf_counter() - began
+
+    def run_job(self) -> None:
+        fn, future = self.jobs.get()
+        began = time.monotonic()
+        try:
+            future.set_result(fn())
+        except BaseException as err:  # handed to the caller, whatever it is
+            future.set_exception(err)
+        spent = time.monotonic() - began
+        self.job_due = time.monotonic() + spent * (1 - self.JOB_SHARE) / self.JOB_SHARE
 
     def hand_on(self) -> None:
         """The outputs stage's thread: each step's touched requests, in order."""
@@ -94,6 +123,8 @@ class EngineThread:
         self.wake.set()
         if self.thread is not None:
             self.thread.join(timeout)
+        while not self.jobs.empty():  # nobody will run them now
+            self.jobs.get()[1].set_exception(LmforgeError("the server is stopping"))
         self.outbox.put(None)
         self.outputs.join(timeout)
 
@@ -260,7 +291,8 @@ class ModelService:
         if not self.model_lock.acquire(blocking=False):
             raise Busy("an attention page is being made; retry shortly")
         try:
-            maps = attention_maps(self.model, self.tokenizer, self.tokenizer.decode(ids[-keep:]), ids=ids[-keep:])
+            maps = self.engine.call(lambda: attention_maps(self.model, self.tokenizer,
+                                                           self.tokenizer.decode(ids[-keep:]), ids=ids[-keep:]))
         finally:
             self.model_lock.release()
         shown = f" (its last {keep} of {len(ids)} tokens)" if len(ids) > keep else ""

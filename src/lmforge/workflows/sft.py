@@ -116,8 +116,13 @@ def finetune_chat(args: FinetuneArgs, out: Path) -> dict[str, Any]:
     from lmforge.models.strategies import StrategySpec, apply_decoder_strategy
     from lmforge.nn.lora import LORA_TARGETS
     from lmforge.train.trainer import Trainer, seed_everything
-    from lmforge.workflows.finetune import current_rss, memory_report
-    from lmforge.workflows.finetune_eval import BestCheckpoint, LastStepClock, parameter_counts
+    from lmforge.workflows.finetune_eval import (
+        BestCheckpoint,
+        LastStepClock,
+        current_rss,
+        memory_report,
+        parameter_counts,
+    )
 
     seed_everything(args.seed)
     from lmforge.interop.directories import weights_sha256
