@@ -98,6 +98,10 @@ class Engine:
     def idle(self) -> bool:
         return self.scheduler.idle()
 
+    def waiting(self) -> bool:
+        """Whether a request waits for a slot or its prefill (a server's other model calls let it go first)."""
+        return bool(self.scheduler.waiting)
+
     def run(self) -> None:
         """Step until every submitted request is done."""
         while not self.idle():

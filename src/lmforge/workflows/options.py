@@ -196,6 +196,6 @@ class ServeOptions:
     max_tokens: int = setting(256, "new tokens when a request does not say", min=1, metavar="N")
     max_body: int = setting(1_000_000, "largest request body in bytes (413 beyond)", min=1, metavar="BYTES")
     attention_tokens: int = setting(128, "most tokens of a conversation the attention page shows (its last ones; "
-                                    "fewer for models with many heads: a page holds 4M weights at most)", min=1,
+                                    "fewer for models with many heads: a page holds 1.5M weights at most)", min=1,
                                     metavar="N")
     grace: float = setting(30.0, "seconds SIGTERM waits for the streams in flight before exiting", min=0)

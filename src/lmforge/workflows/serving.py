@@ -37,7 +37,7 @@ from lmforge.generation.requests import check_room
 from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-ATTENTION_WEIGHTS = 4_000_000  # layers x heads x tokens² numbers an attention page holds at most (~12 MB of JSON)
+ATTENTION_WEIGHTS = 1_500_000  # layers x heads x tokens² numbers an attention page holds at most (~10 MB)
 
 
 class Busy(LmforgeError):
@@ -92,7 +92,7 @@ class EngineThread:
         ``stop()`` is called; run the calls that wait (``call``) between steps."""
         while not self.stopping and not until():
             idle = self.engine.idle()
-            if not self.jobs.empty() and (idle or time.monotonic() >= self.job_due):
+            if not self.jobs.empty() and (idle or (time.monotonic() >= self.job_due and not self.engine.waiting())):
                 self.run_job()
                 continue
             if idle:
@@ -281,22 +281,29 @@ class ModelService:
 
     def attention_page(self, messages: list[dict[str, Any]]) -> str:
         """The attention explorer (one self-contained HTML page) of a rendered conversation's last
-        ``attention_tokens()`` tokens; one page at a time (``Busy`` while another is made)."""
+        ``attention_tokens()`` tokens; one page at a time (``Busy`` while another is made). The model call and the
+        page's writing both run on the engine's thread (``EngineThread.call``): neither a second team of OpenMP
+        threads nor a second thread busy in Python (each of a step's ~2,000 operations waits for the interpreter
+        lock while another thread holds it) slows the requests that decode."""
         from lmforge.viz.explorer import attention_page
         from lmforge.workflows.inspect import attention_maps
 
         self.check_characters(sum(len(m["content"]) for m in messages), "messages")
-        ids = self.chat_format.conversation_ids(messages, add_generation_prompt=False)
-        keep = self.attention_tokens()
-        if not self.model_lock.acquire(blocking=False):
+        if not self.model_lock.acquire(blocking=False):  # before any work: a flood costs a refusal each
             raise Busy("an attention page is being made; retry shortly")
         try:
-            maps = self.engine.call(lambda: attention_maps(self.model, self.tokenizer,
-                                                           self.tokenizer.decode(ids[-keep:]), ids=ids[-keep:]))
+            ids = self.chat_format.conversation_ids(messages, add_generation_prompt=False)
+            keep = self.attention_tokens()
+            shown = f" (its last {keep} of {len(ids)} tokens)" if len(ids) > keep else ""
+
+            def page() -> str:
+                maps = attention_maps(self.model, self.tokenizer, self.tokenizer.decode(ids[-keep:]),
+                                      ids=ids[-keep:])
+                return attention_page(maps, model_name=self.name + shown)
+
+            return self.engine.call(page)
         finally:
             self.model_lock.release()
-        shown = f" (its last {keep} of {len(ids)} tokens)" if len(ids) > keep else ""
-        return attention_page(maps, model_name=self.name + shown)
 
     def cancel_all(self) -> None:
         """Cancel every request waiting or decoding (a drain past its grace); each ends at the engine's next step."""
