@@ -15,8 +15,6 @@ and every parallel region of a step pays a wake-up, so a step is slower on a sec
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 import threading
@@ -40,7 +38,7 @@ def run(service: ModelService, options: ServeOptions) -> int | None:
     drain = Drain(server, app.state.lmforge, service, options.grace)
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn listens for signals on the main thread only: ours
         signal.signal(sig, drain.begin)
-    http = threading.Thread(target=lambda: yield_to_engine() or server.run(), name="lmforge-http", daemon=True)
+    http = threading.Thread(target=server.run, name="lmforge-http", daemon=True)
     http.start()
     try:
         step_until(service, lambda: not http.is_alive() or server.started)
@@ -58,17 +56,6 @@ def run(service: ModelService, options: ServeOptions) -> int | None:
     finally:
         service.close()
     return drain.signal
-
-
-HTTP_NICE = 15  # the HTTP thread's nice value (docs/benchmarks.md: the fault bench at 5 and 15)
-
-
-def yield_to_engine() -> None:
-    """Lower this thread's CPU priority (Linux: a thread's own nice value): when the cores are short, the
-    engine's threads run first and the HTTP work waits, not the other way round (the fault bench's hostile
-    clients: docs/benchmarks.md)."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HTTP_NICE)
 
 
 def exposure_warning(options: ServeOptions) -> str | None:
