@@ -17,6 +17,7 @@ through callbacks into an asyncio queue (reply.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -82,8 +83,16 @@ class Served:
 
 
 def create_app(service: ModelService) -> FastAPI:
-    """The app: the Guard around it, OpenAI's error object for every failure, the routes."""
-    app = FastAPI(title="lmforge", docs_url=None, redoc_url=None, openapi_url=None)
+    """The app: the Guard around it, OpenAI's error object for every failure, the routes; the engine's outputs
+    stage runs on the app's event loop (``EngineThread.deliver_on``)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if service.engine is not None:
+            service.engine.deliver_on(asyncio.get_running_loop())
+        yield
+
+    app = FastAPI(title="lmforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     state = app.state.lmforge = Served(service)
     app.add_middleware(Guard, state=state)
     errors.install(app)

@@ -17,6 +17,7 @@ by the context, ``--attention-tokens`` and a budget of weights, and runs one at 
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import math
@@ -47,8 +48,9 @@ class Busy(LmforgeError):
 class EngineThread:
     """The engine's loop: it steps while anything is waiting or active, and sleeps otherwise; in a daemon thread
     of its own (``start=True``) or in the thread that calls ``run``. The outputs stage (detokenizing, stop
-    strings, the requests' callbacks) runs on a second thread, fed by the steps: a slow or failing callback never
-    holds up a step.
+    strings, the requests' callbacks) runs where ``deliver_on`` says: the HTTP server's event loop, which a step
+    hands its touched requests to in one call, so that a slow or failing callback never holds up a step and no
+    third thread takes the interpreter lock from the engine's operations.
 
     Why a caller may want the loop on its main thread: PyTorch's CPU threads come from OpenMP, which keeps a team
     of worker threads for each thread that runs parallel work. A model loaded on the main thread and stepped on
@@ -64,10 +66,6 @@ class EngineThread:
         self.steps, self.busy = 0, 0.0  # steps taken, and seconds spent in them (/metrics)
         self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = queue.SimpleQueue()
         self.job_due = 0.0  # monotonic time before which no job runs while requests decode
-        self.outbox: queue.SimpleQueue[list[Generation] | None] = queue.SimpleQueue()
-        engine.sink = self.outbox.put
-        self.outputs = threading.Thread(target=self.hand_on, name="lmforge-outputs", daemon=True)
-        self.outputs.start()
         self.thread = threading.Thread(target=self.run, name="lmforge-engine", daemon=True) if start else None
         if self.thread is not None:
             self.thread.start()
@@ -113,10 +111,11 @@ class EngineThread:
         spent = time.monotonic() - began
         self.job_due = time.monotonic() + spent * (1 - self.JOB_SHARE) / self.JOB_SHARE
 
-    def hand_on(self) -> None:
-        """The outputs stage's thread: each step's touched requests, in order."""
-        while (touched := self.outbox.get()) is not None:
-            self.engine.outputs.process(touched)
+    def deliver_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the outputs stage on ``loop`` (an asyncio event loop in another thread): each step hands it the
+        requests it touched, in order, in one call."""
+        outputs = self.engine.outputs
+        self.engine.sink = lambda touched: loop.call_soon_threadsafe(outputs.process, touched)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stopping = True
@@ -125,8 +124,6 @@ class EngineThread:
             self.thread.join(timeout)
         while not self.jobs.empty():  # nobody will run them now
             self.jobs.get()[1].set_exception(LmforgeError("the server is stopping"))
-        self.outbox.put(None)
-        self.outputs.join(timeout)
 
 
 class ModelService:
