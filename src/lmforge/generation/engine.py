@@ -109,8 +109,8 @@ class Engine:
 
     # -- one step -----------------------------------------------------------------------------------------------
     def step(self) -> None:
-        """Retire what was cancelled, admit what waits into free slots, decode one token for every held slot; then
-        hand what the step touched to the sink (the outputs stage)."""
+        """Retire what was cancelled, admit what waits into free slots (their first tokens handed to the sink, the
+        outputs stage, at once), decode one token for every held slot (handed on after it)."""
         touched: list[Generation] = []
         with torch.inference_mode():
             touched += self.scheduler.retire()
@@ -123,9 +123,10 @@ class Engine:
             for start, group in self.runner.groups(arrivals):
                 prefilled += self.admit(group, start, touched)
             self.runner.stored(prefilled)  # once every group is in: no block a group counted on goes first
+            if touched:  # the arrivals' first tokens go out now, not after the step (time to first token)
+                self.sink(touched)
             if self.scheduler.active:
-                touched += self.decode()
-        self.sink(touched)
+                self.sink(self.decode())
 
     def admit(self, group: list[tuple[int, Generation]], start: int,
               touched: list[Generation]) -> list[tuple[int, Sequence[int], int]]:
