@@ -309,3 +309,27 @@ def test_smollm2_answers_through_the_openai_client():
             model="SmolLM2-135M-Instruct.Q4_1", temperature=0, max_tokens=30,
             messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
     assert answer.choices[0].message.content == "The capital of France is Paris."
+
+
+def test_the_start_line_states_the_engines_slots_and_runner(model_dir):
+    """--slots 6 on bfloat16 weights (no packed products: rows in multiples of 4) serves 8 slots: the start line
+    says 8, not the 6 asked for, after the engine's one line on its runner and shapes."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "lmforge.cli", "serve", "--model", str(model_dir), "--port",
+                             str(port), "--threads", "1", "--slots", "6", "--dtype", "bf16"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("lmforge serve: chat-model on") for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, lines
+            lines.append(proc.stderr.readline().strip())
+        runner = next(line for line in lines if line.startswith("lmforge: decoding with the"))
+        assert "8 slots" in runner and "rows [4, 8]" in runner
+        assert f"chat-model on http://127.0.0.1:{port} (8 slots, context 256)" in lines[-1]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
