@@ -61,6 +61,8 @@ SINCE_TEXT = {
         torch.optim: AdamW Optimizer
         torch.overrides: TorchFunctionMode
         torch.utils.tensorboard: SummaryWriter
+        torch.utils.checkpoint: checkpoint
+        torch.utils.checkpoint.checkpoint: (use_reentrant=)
         torch.load: (weights_only=)
     """,
     (2, 1): """
