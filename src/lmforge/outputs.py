@@ -108,9 +108,13 @@ LEGACY_UNLISTED = {"run": rf"{_TRAINER}|tokenizer/({_TOKENIZER})|corpus(-source|
                           rf"model/({_MODEL})",  # workflows/pretrain.py's run folder
                    "finetune": rf"run/({_TRAINER})", "model": rf"base/({_MODEL})",
                    "tokenizer": r"checksums\.json"}  # its record named only tokenizer.json and tokenizer.vocab
-LEGACY_WITHOUT_RECORD = {"run", "finetune"}  # kept none: a pretraining run, a fine-tune stopped before its end
+LEGACY_UNLISTED["demo"] = (  # workflows/demo.py's folder: the exercises' log, a pretraining run, a LoRA fine-tune
+    rf"examples\.log|pretrain/({LEGACY_UNLISTED['run']})|finetune/data/(train|dev)\.csv|"
+    rf"finetune/lora/({RECORD_NAME}|{_MODEL}|{LEGACY_UNLISTED['finetune']})")
+LEGACY_WITHOUT_RECORD = {"run", "finetune", "demo"}  # kept none: a pretraining run, a fine-tune stopped early, a demo
 LEGACY_SETTINGS = {"finetune": ("run/config.yaml", "finetune")}  # where such a run kept its settings
 LEGACY_FOLDERS = re.compile(r"run|base|checkpoints|tokenizer|corpus(-source|-target)?|model|tensorboard|"
+                            r"pretrain|finetune|lora|data|"
                             r"step-\d{6}|\.(tmp|old)-step-\d{6}-\d+")  # the folders above: no other is entered
 
 

@@ -259,6 +259,8 @@ class Trainer:
             info(f"{self.run_dir} already finished at step {start}; raise train.max_steps to train further")
             done = [e for e in log.events if e.get("event") == "train"]
             loss = float(done[-1]["loss"]) if done else loss
+            evals = [e for e in log.events if e.get("event") == "eval"]  # the last evaluation's metrics, as logged
+            metrics = {k: float(v) for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval_")}
         stop = GracefulStop(env, self.device)
         stop.install()
         try:

@@ -45,7 +45,7 @@ from lmforge.models.strategies import StrategySpec, apply_strategy
 from lmforge.outputs import claim_output
 from lmforge.workflows import self_training
 from lmforge.workflows.classify import encode, evaluate_model, predict_lines, probabilities
-from lmforge.workflows.finetune_args import REPORT_FILE, FinetuneArgs, train_config
+from lmforge.workflows.finetune_args import FINETUNE, REPORT_FILE, FinetuneArgs, train_config
 from lmforge.workflows.finetune_eval import LastStepClock, current_rss, memory_report, parameter_counts
 
 # The fine-tuning API in one place: train (finetune), reload (load_finetuned), score and predict.
@@ -135,6 +135,7 @@ def fit(args: FinetuneArgs, train_ex: list, names: list[str], run_dir: Path, eva
         best = BestCheckpoint(model, lambda m: evaluate_model(m, **scoring), args.eval_every, args.best_metric,
                               args.early_stopping)
     trainer = Trainer(model, source, config, run_dir, callbacks=[clock] + ([best] if best else []), recipe=recipe,
+                      schema=FINETUNE,  # a resume compares settings completed with today's defaults (as sft's)
                       tokenizer_dir=args.model, model_info={"task": args.task, "labels": list(names)})
     rss_before = current_rss()
     start, start_cpu = time.perf_counter(), time.process_time()
