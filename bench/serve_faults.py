@@ -198,6 +198,8 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8711)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--compile", action="store_true", help="lmforge serve --compile (the CPU's one step graph)")
+    p.add_argument("--http-thread", action="store_true",
+                   help="lmforge serve --no-http-process (the HTTP server in a thread beside the engine)")
     p.add_argument("--kinds", nargs="+", choices=[k.__name__ for k in HOSTILE], default=[k.__name__ for k in HOSTILE],
                    help="the hostile clients' kinds (round robin)")
     args = p.parse_args()
@@ -207,7 +209,7 @@ def main() -> None:
         args.model = str(smollm2_path())
     command = [sys.executable, "-m", "lmforge.cli", "serve", "--model", args.model, "--port", str(args.port),
                "--threads", str(args.threads), "--slots", "16", "--context", str(args.context), "--max-tokens", "8",
-               *(["--compile"] if args.compile else [])]
+               *(["--compile"] if args.compile else []), *(["--no-http-process"] if args.http_thread else [])]
     log = Path(f"/tmp/lmforge-serve-faults-{args.port}.log")
     proc = start(command, args.port, args.threads, log)
     try:

@@ -15,6 +15,7 @@ and every parallel region of a step pays a wake-up, so a step is slower on a sec
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -30,7 +31,17 @@ from lmforge.workflows.serving import ModelService
 
 def run(service: ModelService, options: ServeOptions) -> int | None:
     """Serve until SIGTERM or SIGINT has drained the server (``Drain``); the signal's number, or None. A server
-    that cannot listen is an ``LmforgeError``."""
+    that cannot listen is an ``LmforgeError``. With an engine and ``--http-process`` (the default where the system
+    can fork), the HTTP server runs in a second process (``split``), else in a thread beside the engine."""
+    if options.http_process and service.engine is not None and hasattr(os, "fork"):
+        from lmforge.serve.split import run_split
+
+        return run_split(service, options, serve_http)
+    return serve_http(service, options)
+
+
+def serve_http(service: ModelService, options: ServeOptions) -> int | None:
+    """The HTTP server in a thread, the engine (or, in the HTTP process, its link) waited on in this one."""
     app = create_app(service)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                             timeout_graceful_shutdown=5, access_log=False)

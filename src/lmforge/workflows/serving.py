@@ -75,15 +75,31 @@ class EngineThread:
         self.wake.set()
         return generation
 
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` run on the engine's thread between two steps (another model call: an attention page), its
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` run on the engine's thread between two steps (another model call: an attention page), its
         result or its exception. One thread runs the model: a second would start a second team of OpenMP threads
         that fights the engine's for the cores. While requests decode, such calls take at most ``JOB_SHARE`` of
         the engine's time (a call waits); an idle engine runs them at once."""
+        return self.call_soon(fn, *args).result()
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """``call`` without the wait: the future of ``fn(*args)``."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self.jobs.put((fn, future))
+        self.jobs.put((functools.partial(fn, *args), future))
         self.wake.set()
-        return future.result()
+        return future
+
+    def load(self) -> tuple[int, int, int]:
+        """(waiting, slots in use, slots)."""
+        return self.engine.scheduler.load()
+
+    def prefix_counts(self) -> tuple[int, int]:
+        """Prompt tokens the prefix cache supplied and those computed ((0, 0) without one)."""
+        prefix = self.engine.runner.prefix
+        return (prefix.hits, prefix.misses) if prefix else (0, 0)
+
+    def cancel_all(self) -> None:
+        self.engine.cancel_all()
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Step in this thread until ``until()`` is true (checked between steps and at least every 0.2 s) or
@@ -194,12 +210,11 @@ class ModelService:
 
     def load(self) -> tuple[int, int, int]:
         """(waiting, slots in use, slots) for /metrics, /health and the queue limit."""
-        return self.engine.engine.scheduler.load() if self.engine is not None else (0, 0, 0)
+        return self.engine.load() if self.engine is not None else (0, 0, 0)
 
     def prefix_tokens(self) -> tuple[int, int]:
         """Prompt tokens the prefix cache supplied and those computed, for /metrics ((0, 0) without one)."""
-        prefix = self.engine.engine.runner.prefix if self.engine else None
-        return (prefix.hits, prefix.misses) if prefix else (0, 0)
+        return self.engine.prefix_counts() if self.engine is not None else (0, 0)
 
     def steps(self) -> tuple[int, float]:
         """The engine's steps so far and the seconds they took, for /metrics ((0, 0.0) without an engine)."""
@@ -282,9 +297,6 @@ class ModelService:
         page's writing both run on the engine's thread (``EngineThread.call``): neither a second team of OpenMP
         threads nor a second thread busy in Python (each of a step's ~2,000 operations waits for the interpreter
         lock while another thread holds it) slows the requests that decode."""
-        from lmforge.viz.explorer import attention_page
-        from lmforge.workflows.inspect import attention_maps
-
         self.check_characters(sum(len(m["content"]) for m in messages), "messages")
         if not self.model_lock.acquire(blocking=False):  # before any work: a flood costs a refusal each
             raise Busy("an attention page is being made; retry shortly")
@@ -292,20 +304,22 @@ class ModelService:
             ids = self.chat_format.conversation_ids(messages, add_generation_prompt=False)
             keep = self.attention_tokens()
             shown = f" (its last {keep} of {len(ids)} tokens)" if len(ids) > keep else ""
-
-            def page() -> str:
-                maps = attention_maps(self.model, self.tokenizer, self.tokenizer.decode(ids[-keep:]),
-                                      ids=ids[-keep:])
-                return attention_page(maps, model_name=self.name + shown)
-
-            return self.engine.call(page)
+            return self.engine.call(self.page, ids[-keep:], self.name + shown)
         finally:
             self.model_lock.release()
+
+    def page(self, ids: list[int], title: str) -> str:
+        """The attention explorer of ``ids`` (the engine's thread runs it: ``attention_page``)."""
+        from lmforge.viz.explorer import attention_page
+        from lmforge.workflows.inspect import attention_maps
+
+        maps = attention_maps(self.model, self.tokenizer, self.tokenizer.decode(ids), ids=ids)
+        return attention_page(maps, model_name=title)
 
     def cancel_all(self) -> None:
         """Cancel every request waiting or decoding (a drain past its grace); each ends at the engine's next step."""
         if self.engine is not None:
-            self.engine.engine.cancel_all()
+            self.engine.cancel_all()
 
     def close(self) -> None:
         if self.engine is not None:
