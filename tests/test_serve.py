@@ -327,7 +327,7 @@ def test_the_start_line_states_the_engines_slots_and_runner(model_dir):
             lines.append(proc.stderr.readline().strip())
         runner = next(line for line in lines if line.startswith("lmforge: decoding with the"))
         assert "8 slots" in runner and "rows [4, 8]" in runner
-        assert f"chat-model on http://127.0.0.1:{port} (8 slots, context 256)" in lines[-1]
+        assert f"chat-model on http://127.0.0.1:{port} (8 slots, context 256; HTTP in a" in lines[-1]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

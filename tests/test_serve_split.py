@@ -39,7 +39,8 @@ def start(model_dir: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     proc = subprocess.Popen([sys.executable, "-m", "lmforge.cli", "serve", "--model", str(model_dir), "--port",
-                             str(port), "--threads", "1", *flags], env=env, stderr=subprocess.PIPE, text=True)
+                             str(port), "--threads", "1", "--http-process", *flags], env=env,
+                            stderr=subprocess.PIPE, text=True)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
     while True:
         try:
@@ -114,3 +115,21 @@ def test_the_engines_process_killed_ends_the_streams_and_the_http_process(model_
         with contextlib.suppress(ProcessLookupError):
             os.kill(http, signal.SIGKILL)
         proc.wait(30)
+
+
+@pytest.mark.parametrize("cores,threads,asked,split", [(2, 2, None, False), (2, 1, None, True), (16, 8, None, True),
+                                                       (2, 2, True, True), (16, 8, False, False)])
+def test_the_http_process_is_the_default_when_a_core_is_left_beside_the_engine(monkeypatch, cores, threads,
+                                                                                asked, split):
+    import types
+
+    import torch
+
+    from lmforge.serve.process import http_process
+    from lmforge.workflows.options import ServeOptions
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    engine = types.SimpleNamespace(engine=object())
+    assert http_process(engine, ServeOptions(http_process=asked)) is split
+    assert http_process(types.SimpleNamespace(engine=None), ServeOptions(http_process=True)) is False  # an encoder

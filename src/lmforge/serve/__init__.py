@@ -9,8 +9,9 @@
                  that goes away cancels its request
     errors.py    OpenAI's error object for every answer that is not a success, and the status of each failure
     metrics.py   /metrics in Prometheus' text format
-    process.py   the process: uvicorn in a thread, the decoding engine stepping on the main thread, the drain
-                 after SIGTERM / SIGINT
+    process.py   the process: the decoding engine stepping on the main thread, uvicorn in a thread or in a
+                 process of its own, the drain after SIGTERM / SIGINT
+    split.py     the HTTP server in a process forked from the engine's, the two speaking over a pipe
     chat.html    the chat page at / (one self-contained file: no CDN)
 
 It sits beside ``lmforge.cli`` and above the workflows: only the CLI imports it, and what the model does is

@@ -1,4 +1,5 @@
-"""The server process: the HTTP server (uvicorn) in a thread, the decoding engine stepping on the calling thread.
+"""The server process: the decoding engine stepping on the main thread, the HTTP server (uvicorn) in a process of
+its own forked from this one (``split``, the default) or in a thread beside the engine (``--no-http-process``).
 
     service = ModelService.open(path, options, runtime, engine_thread=False)   # the engine is stepped here
     stopped_by = run(service, options)     # returns once a SIGTERM / SIGINT's drain has ended (the signal), or raises
@@ -10,11 +11,13 @@ Why the engine, not the HTTP server, keeps the main thread: the model was loaded
 come from OpenMP, which keeps one team of workers for each thread that runs parallel work. Stepping the engine on
 a second thread makes a second team; libgomp then has more threads than cores, spins only briefly before sleeping,
 and every parallel region of a step pays a wake-up, so a step is slower on a second thread than on the loading one
-(measured: docs/serving.md). uvicorn's event loop only parses, submits and streams: a small share of a core.
+(measured: docs/serving.md). Why the HTTP server in another process: there its Python work never holds the
+interpreter lock that each of the engine's operations takes back (``split``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -33,14 +36,29 @@ def run(service: ModelService, options: ServeOptions) -> int | None:
     """Serve until SIGTERM or SIGINT has drained the server (``Drain``); the signal's number, or None. A server
     that cannot listen is an ``LmforgeError``. With an engine and ``--http-process`` (the default where the system
     can fork), the HTTP server runs in a second process (``split``), else in a thread beside the engine."""
-    if options.http_process and service.engine is not None and hasattr(os, "fork"):
+    if http_process(service, options):
         from lmforge.serve.split import run_split
 
-        return run_split(service, options, serve_http)
+        return run_split(service, options, functools.partial(serve_http, layout="HTTP in a process of its own"))
     return serve_http(service, options)
 
 
-def serve_http(service: ModelService, options: ServeOptions) -> int | None:
+def http_process(service: ModelService, options: ServeOptions) -> bool:
+    """Whether the HTTP server gets a process of its own: ``--http-process``, else when a core is left beside the
+    engine's threads. Measured on 2 cores (docs/serving.md): with a core to spare, 16 hostile clients slow the
+    normal ones' first tokens 1.95-1.97x in two processes against 3.47-3.51x in one; without one, the HTTP
+    process takes it from the engine's OpenMP team (alone: 10-15% fewer tokens a second), so a thread is kept."""
+    if service.engine is None or not hasattr(os, "fork"):
+        return False
+    if options.http_process is not None:
+        return options.http_process
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores > torch.get_num_threads()
+
+
+def serve_http(service: ModelService, options: ServeOptions, layout: str = "HTTP in a thread") -> int | None:
     """The HTTP server in a thread, the engine (or, in the HTTP process, its link) waited on in this one."""
     app = create_app(service)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
@@ -61,7 +79,7 @@ def serve_http(service: ModelService, options: ServeOptions) -> int | None:
         graphs, seconds = service.warmup or (0, 0.0)
         ready = f"; {graphs} graph{'s' * (graphs != 1)} compiled in {seconds:.0f} s" if graphs else ""
         print(f"lmforge serve: {service.name} on http://{options.host}:{options.port} ({service.load()[2]} slots, "
-              f"context {service.context}{ready})", file=sys.stderr, flush=True)
+              f"context {service.context}{ready}; {layout})", file=sys.stderr, flush=True)
         step_until(service, lambda: not http.is_alive() or drain.over())  # until the drain after a signal has ended
         http.join()
     finally:

@@ -199,6 +199,6 @@ class ServeOptions:
                                     "fewer for models with many heads: a page holds 1.5M weights at most)", min=1,
                                     metavar="N")
     grace: float = setting(30.0, "seconds SIGTERM waits for the streams in flight before exiting", min=0)
-    http_process: bool = setting(True, "run the HTTP server in a process of its own, forked once the model is "
-                                       "loaded, so that its Python work never takes the engine's interpreter lock "
-                                       "(docs/serving.md)")
+    http_process: bool | None = setting(None, "the HTTP server in a process of its own, forked once the model is "
+                                              "loaded: its work never takes the engine's interpreter lock (default: "
+                                              "when the machine has a core beyond the engine's --threads)")
