@@ -32,6 +32,7 @@ from lmforge.errors import LmforgeError
 from lmforge.generation.outputs import Outputs
 from lmforge.generation.requests import Generation, Request, check_room, end
 from lmforge.generation.runners import make_runner
+from lmforge.generation.sampling import token_logprobs
 from lmforge.generation.scheduler import Scheduler
 from lmforge.models.interfaces import is_encoder_decoder, special_ids
 
@@ -185,11 +186,13 @@ class Engine:
         return touched
 
     def emit(self, i: int, token: int, logits: torch.Tensor, stepped: bool) -> None:
-        """Slot i's new token: kept (with its logits when asked), noted for its repetition penalty, and the
-        scheduler's stop and length decision."""
+        """Slot i's new token: kept (with its logits or log-probabilities when asked), noted for its repetition
+        penalty, and the scheduler's stop and length decision."""
         generation = self.scheduler.slots[i].generation
         if generation.request.keep_logits:
             generation.logits.append(logits.clone())
+        if generation.request.logprobs is not None:
+            generation.logprobs.append(token_logprobs(logits, token, generation.request.logprobs))
         self.runner.note(i, token)
         self.scheduler.advance(i, token, stepped)
 

@@ -34,6 +34,7 @@ class Request:
     stop_ids: Sequence[int] | None = None  # None: the model's eos_id
     stop_strings: Sequence[str] = ()  # needs the engine's tokenizer
     keep_logits: bool = False  # keep each step's raw logits (V,) in Generation.logits
+    logprobs: int | None = None  # keep each new token's log-probability and this many top alternatives
     on_token: Callable[[int], None] | None = None  # each new token
     on_text: Callable[[str], None] | None = None  # the text the new tokens make (needs the engine's tokenizer)
     on_finish: Callable[[Generation], None] | None = None  # once it has ended, whatever the reason
@@ -46,6 +47,7 @@ class Generation:
     request: Request
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=list)  # Request.logprobs
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     error: str | None = None  # what went wrong, when finish_reason is "error"
     cancelled: bool = False
@@ -90,4 +92,5 @@ def end(generation: Generation, reason: str, error: str | None = None) -> None:
     if generation.keep is not None and reason != "error":
         reason = "stop"
         del generation.tokens[generation.keep:], generation.logits[generation.keep:]
+        del generation.logprobs[generation.keep:]
     generation.finish_reason, generation.error = reason, error

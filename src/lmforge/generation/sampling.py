@@ -5,6 +5,7 @@
     top-k:        keep the k largest z_v, renormalise                       (Fan et al. 2018)
     top-p:        keep the smallest set of most likely tokens whose mass is >= p   (Holtzman et al. 2019)
     repetition:   z_v / θ if z_v > 0 else z_v · θ, for tokens v already in the text   (Keskar et al. 2019)
+    log-probs:    log p_v = z_v - log Σ_u exp z_u     of the model's own distribution (before the settings above)
 
 Filters set removed logits to -inf, so the softmax that follows renormalises over what is left.
 Every function works on a batch of rows, logits (B, V), with shapes that do not depend on the values
@@ -148,3 +149,17 @@ def exponential_noise(shape: torch.Size | tuple[int, ...], device: torch.device,
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, V) float32 draws of Exp(1): the randomness of one sampling step (see the module docstring)."""
     return torch.empty(shape, dtype=torch.float32, device=device).exponential_(1.0, generator=generator)
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """log p(token) under the model's distribution of one row of ``logits`` (V,), and the ``top`` most likely
+    tokens with theirs, most likely first (ties: the lower id). In float64 from the row's own bits, so a row that
+    has the same logits alone and in a batch has the same log-probabilities.
+
+    >>> lp, tops = token_logprobs(torch.tensor([0.0, 0.0, 2.0]), 0, 1)
+    >>> round(lp, 4), [(t, round(v, 4)) for t, v in tops]
+    (-2.2395, [(2, -0.2395)])
+    """
+    logp = logits.detach().double().log_softmax(-1)  # (V,)
+    best = logp.topk(top) if top else None
+    return float(logp[token]), tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best else ()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +33,7 @@ from lmforge.generation.engine import Request as EngineRequest
 from lmforge.serve import errors
 from lmforge.serve.errors import HTTPError
 from lmforge.serve.guard import Guard
+from lmforge.serve.logprobs import completion_columns
 from lmforge.serve.metrics import Metrics
 from lmforge.serve.reply import Reply
 from lmforge.serve.schemas import (
@@ -136,14 +138,19 @@ def working(app: FastAPI, state: Served) -> None:
         need(service.can("chat"))
         ids = await state.work(service.chat_ids, body.conversation())
         return await complete(state, request, body, ids, chat=True,
-                              limit=body.max_completion_tokens or body.max_tokens)
+                              limit=body.max_completion_tokens or body.max_tokens, top=body.top())
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         state.check_model(body.model)
         need(service.can("completions"))
-        ids = await state.work(service.prompt_ids, body.prompt)
-        return await complete(state, request, body, ids, chat=False, limit=body.max_tokens)
+        prompts = body.prompts()
+        fields = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
+        ids = [await state.work(service.prompt_ids, p, f) if isinstance(p, str) else service.token_prompt(p, f)
+               for p, f in zip(prompts, fields, strict=True)]
+        if not body.echo and len(prompts) == 1:
+            return await complete(state, request, body, ids[0], chat=False, limit=body.max_tokens, top=body.logprobs)
+        return await complete_all(state, request, body, prompts, ids)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
@@ -172,31 +179,66 @@ def need(why_not: str | None) -> None:
         raise HTTPError(400, why_not, "model")
 
 
-async def complete(state: Served, request: Request, body: Sampling, ids: list[int], chat: bool, limit: int | None):
+async def complete(state: Served, request: Request, body: Sampling, ids: list[int], chat: bool, limit: int | None,
+                   top: int | None):
     """Queue the generation on the engine and answer with the whole reply, or stream it as server-sent events."""
-    service = state.service
-    if service.queue_full():
-        raise HTTPError(429, "too many requests waiting; retry shortly", headers={"Retry-After": "1"})
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-    stops = service.stop_ids(chat)
-    arrived = time.perf_counter()
-
-    def on_text(new: str) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, ("text", new))
-
-    def on_finish(generation) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, ("end", generation))
-
-    request_ = EngineRequest(ids, max_new_tokens=min(limit or state.options.max_tokens, service.context - len(ids)),
-                             temperature=body.temperature, top_k=body.top_k,
-                             top_p=body.top_p if body.top_p < 1 else None, repetition_penalty=body.repetition_penalty,
-                             seed=body.seed, stop_ids=stops, stop_strings=body.stop, on_text=on_text,
-                             on_finish=on_finish)
-    generation = service.complete(request_)
-    state.metrics.prompt_tokens += len(ids)
-    reply = Reply(state, generation, chat, arrived)
+    reply, queue = start(state, body, ids, chat, limit, top)
     if body.stream:
         return StreamingResponse(reply.events(queue, body.include_usage()), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     answer = await reply.whole(queue, request.receive)
     return Response(status_code=499) if answer is None else JSONResponse(answer)  # 499: the client went first
+
+
+def start(state: Served, body: Sampling, ids: list[int], chat: bool, limit: int | None, top: int | None,
+          echo: tuple[str, list] | None = None) -> tuple[Reply, asyncio.Queue]:
+    """Submit one generation (429 when the engine's queue is full); its Reply and the queue its callbacks feed."""
+    service = state.service
+    if service.queue_full():
+        raise HTTPError(429, "too many requests waiting; retry shortly", headers={"Retry-After": "1"})
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    arrived = time.perf_counter()
+
+    def put(kind: str) -> Callable[[Any], None]:
+        return lambda value: loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+
+    request_ = EngineRequest(ids, max_new_tokens=min(limit or state.options.max_tokens, service.context - len(ids)),
+                             temperature=body.temperature, top_k=body.top_k,
+                             top_p=body.top_p if body.top_p < 1 else None, repetition_penalty=body.repetition_penalty,
+                             seed=body.seed, stop_ids=service.stop_ids(chat), stop_strings=body.stop,
+                             logprobs=top, on_token=put("token") if top is not None else None, on_text=put("text"),
+                             on_finish=put("end"))
+    generation = service.complete(request_)
+    state.metrics.prompt_tokens += len(ids)
+    return Reply(state, generation, chat, arrived, echo, logprobs=top is not None), queue
+
+
+async def complete_all(state: Served, request: Request, body: CompletionRequest, prompts: list, ids: list[list[int]]):
+    """Several prompts, or an echoed one: each a choice of one answer, in order (not streamed). ``echo``: the
+    prompt's text first, and with ``logprobs`` its tokens' log-probabilities (one forward pass on the engine's
+    thread); ``max_tokens: 0`` answers only that."""
+    service, top = state.service, body.logprobs
+    echoes: list[tuple[str, list] | None] = []
+    for prompt, p_ids in zip(prompts, ids, strict=True):
+        if not body.echo:
+            echoes.append(None)
+            continue
+        text = prompt if isinstance(prompt, str) else service.tokenizer.decode(p_ids)
+        scored = await state.work(service.echo_logprobs, p_ids, top) if top is not None else []
+        echoes.append((text, [(p_ids[0], None), *zip(p_ids[1:], scored, strict=True)] if top is not None else []))
+    if body.max_tokens == 0:
+        choices = [{"index": i, "text": echo[0], "finish_reason": "length", "logprobs": completion_columns(
+            service.tokenizer, echo[1]) if top is not None else None} for i, echo in enumerate(echoes)]
+        state.metrics.prompt_tokens += sum(map(len, ids))
+        used = sum(map(len, ids))
+        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+                "model": service.name, "choices": choices,
+                "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used}}
+    started = [start(state, body, p_ids, False, body.max_tokens, top, echo) for p_ids, echo in
+               zip(ids, echoes, strict=True)]
+    answers = await asyncio.gather(*(reply.whole(queue, request.receive) for reply, queue in started))
+    if any(answer is None for answer in answers):
+        return Response(status_code=499)
+    usage = {k: sum(a["usage"][k] for a in answers) for k in answers[0]["usage"]}
+    choices = [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]
+    return answers[0] | {"choices": choices, "usage": usage}

@@ -57,8 +57,11 @@ def install(app: FastAPI) -> None:
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":  # not JSON, or not UTF-8
             return HTTPError(400, f"the body is not valid JSON in UTF-8 ({first.get('msg', 'invalid')})").response()
-        param = ".".join(p for p in loc if not union_member(p))
-        return HTTPError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param or None).response()
+        param, message = ".".join(p for p in loc if not union_member(p)), first.get("msg", "invalid")
+        field, colon, _ = message.removeprefix("Value error, ").partition(":")
+        if not param and colon and field.isidentifier():  # a rule across fields names the one it refuses first
+            return HTTPError(400, message.removeprefix("Value error, "), field).response()
+        return HTTPError(400, f"{param or 'body'}: {message}", param or None).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def routing(_: Request, err: StarletteHTTPException) -> JSONResponse:

@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from lmforge.serve.errors import HTTPError
+from lmforge.serve.logprobs import chat_content, completion_columns, joined, shown
 
 
 class Reply:
@@ -22,12 +23,30 @@ class Reply:
     ("text", new text) once a token and at the end (the engine's outputs stage decodes and cuts at stop strings),
     then ("end", generation); ("gone", None) when the client left."""
 
-    def __init__(self, state: Any, generation: Any, chat: bool, arrived: float) -> None:
+    def __init__(self, state: Any, generation: Any, chat: bool, arrived: float, echo: tuple[str, list] | None = None,
+                 logprobs: bool = False) -> None:
         self.state, self.generation, self.chat, self.arrived = state, generation, chat, arrived
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.first = True
         self.pieces: list[str] = []
+        self.echo = echo  # completions: (the prompt's text, its (token, log-probability) pairs) to answer first
+        self.logprobs = logprobs  # the request asked for log-probabilities (the engine keeps them)
+        self.seen = self.listed = 0  # tokens the outputs stage has handed on; those whose log-probabilities went out
+
+    def token_logprobs(self, upto: int | None = None) -> dict[str, Any] | None:
+        """The log-probabilities of the reply's tokens not yet sent, up to ``upto`` (default all), in this
+        endpoint's shape; None when the request did not ask for them."""
+        if not self.logprobs:
+            return None
+        g, tokenizer = self.generation, self.state.service.tokenizer
+        end = len(g.logprobs) if upto is None else min(upto, len(g.logprobs))
+        pairs = shown(g.tokens[self.listed: end], g.logprobs[self.listed: end], g.request.stop_ids or ())
+        self.listed = max(self.listed, end)
+        if self.chat:
+            return {"content": chat_content(tokenizer, pairs)}
+        columns = completion_columns(tokenizer, pairs, len(self.echo[0]) if self.echo else 0)
+        return joined(completion_columns(tokenizer, self.echo[1]), columns) if self.echo else columns
 
     def text(self, new: str) -> str:
         if self.first:
@@ -53,21 +72,23 @@ class Reply:
                     return None
                 if kind == "end":
                     break
-                self.text(value)
+                if kind == "text":
+                    self.text(value)
         finally:
             watcher.cancel()
             self.generation.cancel()  # no-op once it has ended; frees the slot if the client went away
         if self.generation.finish_reason == "error":
             raise HTTPError(500, f"the model failed on this request: {self.generation.error}")
         self.state.metrics.completion_tokens += len(self.generation.tokens)
-        content = "".join(self.pieces)
+        content = (self.echo[0] if self.echo else "") + "".join(self.pieces)
         choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat else
                   {"index": 0, "text": content})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.state.service.name, "usage": self.usage(),
-                "choices": [{**choice, "finish_reason": self.reason(), "logprobs": None}]}
+                "choices": [{**choice, "finish_reason": self.reason(), "logprobs": self.token_logprobs()}]}
 
-    def chunk(self, content: str | None, reason: str | None = None, role: bool = False) -> str:
+    def chunk(self, content: str | None, reason: str | None = None, role: bool = False,
+              logprobs: dict[str, Any] | None = None) -> str:
         if self.chat:
             delta = ({"role": "assistant"} if role else {}) | ({"content": content} if content is not None else {})
             choice: dict[str, Any] = {"index": 0, "delta": delta}
@@ -75,7 +96,7 @@ class Reply:
             choice = {"index": 0, "text": content or ""}
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.state.service.name,
-                "choices": [{**choice, "finish_reason": reason, "logprobs": None}]}
+                "choices": [{**choice, "finish_reason": reason, "logprobs": logprobs}]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     async def events(self, queue: asyncio.Queue, include_usage: bool):
@@ -84,16 +105,19 @@ class Reply:
                 yield self.chunk("", role=True)
             while True:
                 kind, value = await queue.get()
+                if kind == "token":
+                    self.seen += 1
+                    continue
                 if kind == "text":
-                    if self.text(value):
-                        yield self.chunk(value)
+                    if self.text(value):  # with the log-probabilities of the tokens that made it
+                        yield self.chunk(value, logprobs=self.token_logprobs(self.seen))
                     continue
                 self.state.metrics.completion_tokens += len(self.generation.tokens)
                 if self.generation.finish_reason == "error":
                     message = f"the model failed on this request: {self.generation.error}"
                     yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
                     return
-                yield self.chunk(None, self.reason())
+                yield self.chunk(None, self.reason(), logprobs=self.token_logprobs())
                 if include_usage:
                     usage = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                              "created": self.created, "model": self.state.service.name, "choices": [],

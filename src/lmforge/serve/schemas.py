@@ -6,7 +6,7 @@ spell but no UTF-8 text holds. Message content is a string or OpenAI's list of c
 reads the text parts (joined by a line break); an image or audio part is refused, naming it.
 
 Fields the OpenAI API knows and lmforge does not implement are accepted only at their neutral value
-(``presence_penalty: 0``, ``n: 1``, ``echo: false``); a field the OpenAI API would reject is rejected here too
+(``presence_penalty: 0``, ``n: 1``); a field the OpenAI API would reject is rejected here too
 (``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``.
 
 The sampling fields' ranges are not written here: ``declared`` reads them from their declaration in
@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lmforge.errors import LmforgeError
 from lmforge.generation.options import SETTINGS
 from lmforge.schema import api_rules, check_range
+
+TOP_LOGPROBS = 20  # alternatives a token's log-probability comes with, at most (OpenAI's chat: 20)
+MAX_PROMPTS = 64  # prompts one completion request may hold (each a choice of the answer)
 
 
 def declared(name: str, default: Any) -> Any:
@@ -114,25 +117,52 @@ class Message(Strict):
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = declared("max_new_tokens", None)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def top_needs_logprobs(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
+        return self
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.plain() for m in self.messages]
 
+    def top(self) -> int | None:
+        """The alternatives each token's log-probability comes with; None: no log-probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(Sampling):
-    prompt: Text | list[Text]
-    echo: Literal[False] = False
+    """A prompt is text or token ids; a list of them is several prompts, answered as choices in order."""
+
+    prompt: Text | list[Text] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
+    max_tokens: int | None = Field(None, ge=0, le=api_rules(SETTINGS["max_new_tokens"])["max"])  # 0: echo only
 
     @field_validator("prompt")
     @classmethod
-    def one_prompt(cls, value: str | list[str]) -> str:
-        if isinstance(value, list):
-            if len(value) != 1:
-                raise ValueError("one prompt per request (n = 1)")
-            value = value[0]
-        if not value:
+    def prompts_given(cls, value: Any) -> Any:
+        many = value if isinstance(value, list) and value and not isinstance(value[0], int) else [value]
+        if not 1 <= len(many) <= MAX_PROMPTS:
+            raise ValueError(f"1 to {MAX_PROMPTS} prompts")
+        if any(len(p) == 0 for p in many):
             raise ValueError("an empty prompt")
         return value
+
+    @model_validator(mode="after")
+    def checked(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 only with echo (the prompt's log-probabilities, nothing generated)")
+        if self.stream and (self.echo or len(self.prompts()) > 1):
+            raise ValueError("stream: one prompt and no echo when streaming (this server)")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        return list(p) if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
 
 
 class EmbeddingRequest(Strict):

@@ -17,8 +17,8 @@ The messages (pickled tuples), HTTP process -> engine:
     ("job", jid, name, args)       ``service.<name>(*args)`` on the engine's thread (an attention page)
     ("cancel_all",)                a drain past its grace
 engine -> HTTP process:
-    ("tokens", deltas, report)     after each step: (rid, new tokens, length, finish reason, error) of each
-                                   request the step touched, and the engine's load (``Report``)
+    ("tokens", deltas, report)     after each step: (rid, new tokens, length, finish reason, error, new
+                                   log-probabilities) of each request the step touched, and the engine's load
     ("job", jid, ok, value)        a job's result, or its exception
     ("error", text)                (HTTP process -> engine, last) why the HTTP process could not serve
 
@@ -158,7 +158,7 @@ class EngineSide:
             try:
                 generation = self.engine.submit(request)
             except LmforgeError as err:  # checked in the HTTP process already: only a race can get here
-                self.send(("tokens", [(rid, [], 0, "error", str(err))], self.report()))
+                self.send(("tokens", [(rid, [], 0, "error", str(err), [])], self.report()))
                 return
             self.ids[generation], self.by_id[rid], self.sent[generation] = rid, generation, 0
         elif kind in ("cancel", "stop_at"):
@@ -187,9 +187,9 @@ class EngineSide:
             rid = self.ids.get(generation)
             if rid is None:
                 continue
-            tokens = generation.tokens
-            deltas.append((rid, tokens[self.sent[generation]:], len(tokens), generation.finish_reason,
-                           generation.error))
+            tokens, sent = generation.tokens, self.sent[generation]
+            deltas.append((rid, tokens[sent:], len(tokens), generation.finish_reason, generation.error,
+                           generation.logprobs[sent:]))
             if generation.done:
                 del self.ids[generation], self.by_id[rid], self.sent[generation]
             else:
@@ -307,12 +307,13 @@ class EngineLink:
     def tokens(self, deltas: list[tuple], report: Report) -> None:
         self.report = report
         touched = []
-        for rid, new, length, reason, error in deltas:
+        for rid, new, length, reason, error, logprobs in deltas:
             generation = self.generations.get(rid)
             if generation is None:
                 continue
             generation.tokens.extend(new)
-            del generation.tokens[length:]  # a stop string's end, cut in the engine
+            generation.logprobs.extend(logprobs)
+            del generation.tokens[length:], generation.logprobs[length:]  # a stop string's end, cut in the engine
             if reason is not None:
                 generation.finish_reason, generation.error = reason, error
                 del self.generations[rid]

@@ -240,6 +240,35 @@ class ModelService:
         check_room(len(ids), 1, self.context, field)
         return ids
 
+    def token_prompt(self, ids: list[int], field: str = "prompt") -> list[int]:
+        """A completion's prompt given as token ids: each in the vocabulary, the whole within the context."""
+        size = len(self.tokenizer.id_to_token)
+        bad = next((i for i in ids if not 0 <= i < size), None)
+        if bad is not None:
+            raise LmforgeError(f"{field}: token id {bad} is not in the vocabulary (0..{size - 1})")
+        check_room(len(ids), 1, self.context, field)
+        return ids
+
+    def echo_logprobs(self, ids: list[int], top: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+        """``prompt_logprobs`` run on the engine's thread (any thread may call it; it waits)."""
+        if self.engine is None:
+            raise LmforgeError("this model does not generate text")
+        return self.engine.call(self.prompt_logprobs, ids, top)
+
+    def prompt_logprobs(self, ids: list[int], top: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+        """Each prompt token's log-probability given the ones before it (the first has none: the list starts at
+        the second), with ``top`` alternatives: what ``echo`` with ``logprobs`` answers. On the engine's thread
+        (``engine.call``), as one forward pass; the vocabulary's log-softmax 256 positions at a time."""
+        from lmforge.generation.sampling import token_logprobs
+
+        with torch.inference_mode():
+            h = self.model(torch.tensor([ids]), logits_to_keep=1).last_hidden_state[0, :-1]  # (T-1, D)
+            out = []
+            for start in range(0, len(ids) - 1, 256):
+                logits = self.model.head(h[start: start + 256])  # (≤256, V): position t predicts token t + 1
+                out += [token_logprobs(row, ids[start + k + 1], top) for k, row in enumerate(logits)]
+        return out
+
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The conversation through the model's own chat template, ready for the assistant's reply."""
         self.check_characters(sum(len(m["content"]) for m in messages), "messages")

@@ -1,0 +1,62 @@
+"""Log-probabilities in OpenAI's two shapes, from the engine's (``Generation.logprobs``: the chosen token's
+log-probability under the model's own distribution and the top alternatives, computed from the row's logits).
+
+    chat:         "logprobs": {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", ...}]}, ...]}
+    completions:  "logprobs": {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}],
+                               "text_offset": [...]}          (the prompt's first token, echoed: null)
+
+A token's text is its bytes read as UTF-8 (a byte-level token that holds part of a character reads as U+FFFD;
+``bytes`` gives the bytes themselves, as OpenAI does). The tokens that ended a reply (end of turn, end of text) are
+not part of its text and not listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Logprob = tuple[float, tuple[tuple[int, float], ...]]
+
+
+def token_bytes(tokenizer: Any, token: int) -> bytes:
+    """The bytes ``token`` stands for (a special token: its name)."""
+    from lmforge.tokenizers.byte_bpe import CHAR_TO_BYTE
+
+    text = tokenizer.id_to_token[token]
+    if token not in tokenizer.special_ids and all(c in CHAR_TO_BYTE for c in text) and \
+            type(tokenizer).__name__.startswith("ByteLevel"):
+        return bytes(CHAR_TO_BYTE[c] for c in text)
+    return tokenizer.decode([token]).encode("utf-8")
+
+
+def shown(tokens: Sequence[int], logprobs: Sequence[Logprob], stops: Sequence[int]) -> list[tuple[int, Logprob]]:
+    """The (token, log-probability) pairs of a reply's text: without the tokens that ended it."""
+    stop = set(stops)
+    return [(t, lp) for t, lp in zip(tokens, logprobs, strict=False) if t not in stop]
+
+
+def chat_content(tokenizer: Any, pairs: Sequence[tuple[int, Logprob]]) -> list[dict[str, Any]]:
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        raw = token_bytes(tokenizer, token)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+    return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in tops]} for t, (lp, tops) in pairs]
+
+
+def completion_columns(tokenizer: Any, pairs: Sequence[tuple[int, Logprob | None]], offset: int = 0) -> dict[str, Any]:
+    """The legacy columns; ``offset``: the characters before the first token (the echoed prompt's length)."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, logprob in pairs:
+        text = token_bytes(tokenizer, token).decode("utf-8", errors="replace")
+        out["tokens"].append(text)
+        out["token_logprobs"].append(None if logprob is None else logprob[0])
+        out["top_logprobs"].append(None if logprob is None else {
+            token_bytes(tokenizer, a).decode("utf-8", errors="replace"): alp for a, alp in logprob[1]})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+def joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Two runs of columns as one (an echoed prompt's, then its completion's)."""
+    return {key: first[key] + second[key] for key in first}
