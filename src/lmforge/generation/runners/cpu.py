@@ -13,7 +13,10 @@
    threads, so it runs on one (``one_thread`` inside ``CpuCall``). A model that does not pack (bfloat16 weights,
    unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS`` rows, where BLAS keeps a row's bits, and
    prefills one prompt at a time.
-3. One compiled step (``compile=True``, float32 decoders): the step compiled once for every row and column count
+3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
+   model's forward (62), the residual sums fused into the packed products (``packed_add``). A lone request steps
+   beside a spare row (``rows_for``), so that no product computes a lone row.
+4. One compiled step (``compile=True``, float32 decoders): the step compiled once for every row and column count
    (``dynamic=True``), the packed products kept whole in the graph as an operator (``lmforge::packed_linear``) and
    the many small operations between them fused. Prefills stay eager.
 

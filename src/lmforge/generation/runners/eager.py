@@ -10,8 +10,8 @@ sampling settings and random stream, and the two model calls:
 
 The scheduler (scheduler.py) decides which slots run; the runner never decides, it computes. A runner's shapes
 come from *buckets* (slots.py): prompts padded to a multiple of 8 tokens, columns read to a multiple of 32, rows
-exactly the rows in use. Other runners change how the same calls are made (cpu.py: packed products and a thread
-policy; compiled.py: a graph per bucket), never what they compute.
+exactly the rows in use. Other runners change how the same calls are made (cpu.py: packed products, a thread
+policy and the lean step of generation/lean.py; compiled.py: a graph per bucket), never what they compute.
 """
 
 from __future__ import annotations
