@@ -25,7 +25,8 @@ and attend, for h (R, D) and r = H / H_kv query heads a key/value head:
 
 A row's bits never depend on its neighbours: every call is per row (elementwise, per-row softmax, products whose
 rows do not depend on the row count: the runner's packed products on a CPU). ``add_product(linear, x, residual)``
-is the residual sum after a product; a runner may fuse the two (runners/cpu.py does, in one oneDNN call).
+is the residual sum after a product, in one call: ``addmm`` with plain products, one oneDNN call with the CPU
+runner's packed ones (runners/cpu.py).
 
 What fits (``fits``): a ``Decoder`` with rotary or learned positions, RMSNorm or LayerNorm, any activation, no
 QK-norm, the keys and values of every layer of one shape. Others step through the model's forward.
@@ -33,6 +34,7 @@ QK-norm, the keys and values of every layer of one shape. Others step through th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -52,8 +54,22 @@ def fits(model: nn.Module, caches: SlotCaches) -> bool:
     return all(layer.self_attn.q_norm is None and layer.self_attn.d_qk % 2 == 0 for layer in model.layers)
 
 
+_TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> Wᵀ, a view made once
+
+
+def transposed(linear: nn.Linear) -> torch.Tensor:
+    """Wᵀ (in, out) of a layer, the view made again when its weight is other memory (replaced, or converted)."""
+    w, held = linear.weight, _TRANSPOSED.get(linear)
+    if held is None or held.data_ptr() != w.data_ptr() or held.dtype != w.dtype or held.shape[::-1] != w.shape:
+        held = _TRANSPOSED[linear] = w.detach().t()
+    return held
+
+
 def add_product(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + linear(x): the plain two calls."""
+    """residual + linear(x) (R, out): one ``addmm`` for an ``nn.Linear`` without bias (its Wᵀ viewed once), else
+    the two calls."""
+    if type(linear) is nn.Linear and linear.bias is None and x.dim() == 2 and not torch.is_grad_enabled():
+        return torch.addmm(residual, x, transposed(linear))
     return residual + linear(x)
 
 
