@@ -95,9 +95,9 @@ class StepTensors(NamedTuple):
 
 
 class LeanStep:
-    """``step(tokens, lengths, columns, first)``: the next-token logits (R, V) of rows [first, first + R) of the
+    """``lean(tokens, lengths, columns, first)``: the next-token logits (R, V) of rows [first, first + R) of the
     slots, each decoding one token at its column ``lengths[b]`` and attending to its first ``columns`` columns
-    (see the module docstring). ``add_product``: the residual sum of a product (the plain one by default)."""
+    (see the module docstring). ``add_product``: the residual sum of a product in one call (``addmm`` by default)."""
 
     def __init__(self, model: Decoder, caches: SlotCaches,
                  add_product: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = add_product) -> None:
@@ -156,9 +156,9 @@ class LeanStep:
 
     def layer(self, layer: TransformerLayer, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               target: torch.Tensor, t: StepTensors) -> torch.Tensor:
-        """One pre-LN layer for x (R, D): nanoGPT's Block, its residual sums fused where the runner can."""
-        x = self.add_product(layer.self_attn.out_proj, self.attend(layer, normalize(layer.norm1, x), k, v,
-                                                                   target, t), x)
+        """One pre-LN layer for x (R, D): nanoGPT's Block, each residual sum in the call of its product."""
+        heads = self.attend(layer, normalize(layer.norm1, x), k, v, target, t)  # (R, H d)
+        x = self.add_product(layer.self_attn.out_proj, heads, x)  # x + W_o attend(norm1(x))
         return self.add_product(layer.ffn.fc2, self.feed_forward(layer, normalize(layer.norm2, x)), x)
 
     def attend(self, layer: TransformerLayer, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
