@@ -219,11 +219,13 @@ def test_buckets():
 
 
 def test_eager_buckets_are_fine_compiled_ones_few(llama):
-    """Eager on CPU with float32 weights steps exactly its active rows (packed products: calls.py); other eager
-    engines every multiple of MIN_ROWS; prompts to a multiple of 8, columns to a multiple of 32; compiled keeps
-    powers of two (one graph each)."""
+    """Eager on CPU with float32 weights steps exactly its active rows, at least 2 (packed products: cpu.py; a
+    lone request beside a spare row that no request holds); other eager engines every multiple of MIN_ROWS; prompts
+    to a multiple of 8, columns to a multiple of 32; compiled keeps powers of two (one graph each)."""
     eager = Engine(llama, slots=16, capacity=128, compile=False).runner
-    assert eager.packed and eager.row_buckets == list(range(1, 17)) and eager.n_slots == 16
+    assert eager.packed and eager.row_buckets == list(range(2, 17)) and eager.n_slots == 16
+    lone = Engine(llama, slots=1, capacity=128).runner
+    assert lone.row_buckets == [2] and lone.n_slots == 1 and lone.caches.slots == 2
     assert bucket(37, eager.prompt_buckets) == 40 and bucket(9, eager.row_buckets) == 9
     assert eager.capacity_buckets == [32, 64, 96, 128]
     half = Decoder(llama.config).to(torch.bfloat16).eval()  # no packed bf16 products on CPU: multiples of 4

@@ -7,6 +7,7 @@
     outputs.py     after a step: incremental text, stop strings, the requests' callbacks
     requests.py    a Request, the Generation it becomes, and the one context check
     slots.py       the fixed-shape KV cache of the engine's slots, and the buckets that bound its shapes
+    lean.py        the decoding step of a decoder in few torch calls (one token a row; the CPU runner's)
     prefix.py      prompt beginnings seen before, kept in blocks and reused
     decoding.py    generate / stream / pad_prompts: the functions over any model (the engine or a plain stepper)
     options.py     the settings of decoding (max_new_tokens, temperature, top_k, ...), declared once (no torch)

@@ -94,9 +94,14 @@ class SlotKV:
     """
 
     def __init__(self, slots: int, heads: int, capacity: int, d_k: int, d_v: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.k = torch.zeros(slots, heads, capacity, d_k, dtype=dtype, device=device)
-        self.v = torch.zeros(slots, heads, capacity, d_v, dtype=dtype, device=device)
+                 device: torch.device, kv: torch.Tensor | None = None) -> None:
+        """``kv``: (2, S, H_kv, C, d), this layer's part of ``SlotCaches.buffer``, to hold the keys and values in
+        (else they get buffers of their own)."""
+        if kv is not None:
+            self.k, self.v = kv.unbind(0)  # (S, H_kv, C, d) each, contiguous
+        else:
+            self.k = torch.zeros(slots, heads, capacity, d_k, dtype=dtype, device=device)
+            self.v = torch.zeros(slots, heads, capacity, d_v, dtype=dtype, device=device)
         self.prefilling = True
         self.rows: torch.Tensor | None = None  # prefill: the slots (B,); step: arange(S_b)
         self.at: torch.Tensor | None = None  # step: where each row's new key and value go (``places``)
@@ -166,10 +171,16 @@ class SlotCaches:
     def __init__(self, model: torch.nn.Module, slots: int, capacity: int, memory: int = 0) -> None:
         weight = next(model.parameters())
         layers = model.decoder_layers if hasattr(model, "decoder_layers") else model.layers
+        shapes = {(layer.self_attn.n_kv_heads, layer.self_attn.d_qk, layer.self_attn.d_v) for layer in layers}
+        self.buffer: torch.Tensor | None = None  # (L, 2, S, H_kv, C, d): every layer's self-attention keys, values
+        if len(shapes) == 1 and (shape := shapes.pop())[1] == shape[2]:  # one tensor: one view serves all layers
+            self.buffer = torch.zeros(len(layers), 2, slots, shape[0], capacity, shape[1], dtype=weight.dtype,
+                                      device=weight.device)
         self.layers: list[LayerCache] = []
-        for layer in layers:
+        for i, layer in enumerate(layers):
             sa, ca = layer.self_attn, layer.cross_attn
-            self_kv = SlotKV(slots, sa.n_kv_heads, capacity, sa.d_qk, sa.d_v, weight.dtype, weight.device)
+            self_kv = SlotKV(slots, sa.n_kv_heads, capacity, sa.d_qk, sa.d_v, weight.dtype, weight.device,
+                             kv=self.buffer[i] if self.buffer is not None else None)
             cross = SlotKV(slots, ca.n_kv_heads, memory, ca.d_qk, ca.d_v, weight.dtype, weight.device) \
                 if ca is not None else None
             self.layers.append(LayerCache(self_kv, cross))

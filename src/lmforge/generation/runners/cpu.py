@@ -13,7 +13,10 @@
    threads, so it runs on one (``one_thread`` inside ``CpuCall``). A model that does not pack (bfloat16 weights,
    unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS`` rows, where BLAS keeps a row's bits, and
    prefills one prompt at a time.
-3. One compiled step (``compile=True``, float32 decoders): the step compiled once for every row and column count
+3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
+   model's forward (62), the residual sums fused into the packed products (``packed_add``). A lone request steps
+   beside a spare row (``rows_for``), so that no product computes a lone row.
+4. One compiled step (``compile=True``, float32 decoders): the step compiled once for every row and column count
    (``dynamic=True``), the packed products kept whole in the graph as an operator (``lmforge::packed_linear``) and
    the many small operations between them fused. Prefills stay eager.
 
@@ -33,6 +36,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from lmforge.errors import LmforgeError
+from lmforge.generation.lean import LeanStep, add_product, fits
 from lmforge.generation.runners.eager import EagerRunner, decoder_step
 from lmforge.generation.slots import MIN_ROWS, multiples
 from lmforge.models.interfaces import is_encoder_decoder
@@ -71,14 +75,31 @@ def packed_weight(layer: nn.Linear) -> torch.Tensor:
     return held[2]
 
 
-def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """oneDNN's product of x (..., in) and a packed weight. A lone row is computed as two (the row twice): on
-    AVX-512 machines oneDNN takes another kernel for one row of some widths, whose bits differ."""
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """oneDNN's product of x (..., in) and a packed weight (plus ``residual`` (..., out), summed in the same call:
+    the bits of the product and the sum made apart). A lone row is computed as two (the row twice): on AVX-512
+    machines oneDNN takes another kernel for one row of some widths, whose bits differ (the engine's steps compute
+    at least two rows: ``CpuRunner.rows_for``)."""
     if x.numel() != x.shape[-1]:
-        return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+        if residual is None:
+            return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, bias, "add")
     pair = x.reshape(1, -1).expand(2, -1).contiguous()  # (2, in)
-    out = torch.ops.mkldnn._linear_pointwise.default(pair, packed, bias, "none", [], "")
+    if residual is None:
+        out = torch.ops.mkldnn._linear_pointwise.default(pair, packed, bias, "none", [], "")
+    else:
+        out = torch.ops.mkldnn._linear_pointwise.binary(pair, residual.reshape(1, -1).expand(2, -1).contiguous(),
+                                                        packed, bias, "add")
     return out[:1].reshape(*x.shape[:-1], packed.shape[0])
+
+
+def packed_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + layer(x) in one oneDNN call while ``PackedProducts`` are attached (the lean step's residual
+    sums, generation/lean.py); the plain two calls otherwise."""
+    if torch.is_grad_enabled() or not hasattr(layer, "packed"):
+        return residual + layer(x)
+    return packed_product(x, layer.packed, layer.bias, residual)
 
 
 @torch.library.custom_op("lmforge::packed_linear", mutates_args=())
@@ -165,17 +186,34 @@ class CpuRunner(EagerRunner):
                                "model is not one (use compile=False, or the compiled runner: runner='compiled')")
         self.spare_columns = 32 if compile else 0  # keys read whole would be another (contiguous) view: a 2nd graph
         super().__init__(model, slots, capacity, memory, start_id, prefix_blocks if not compile else 0, pad_id)
-        self.name = "cpu, one compiled step" if compile else "cpu"
         self.products = PackedProducts(model, compiled=compile) if self.packed else None
+        self.lean = LeanStep(model, self.caches, packed_add if self.packed else add_product) \
+            if not compile and fits(model, self.caches) else None
+        self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
         if compile:
             self.step_fn = self.one_graph()
 
     def rows_for(self, slots: int) -> list[int]:
-        """Packed: exactly the rows in use (at least 2 compiled: a size of 1 is always specialised); otherwise
-        multiples of MIN_ROWS, the slots rounded up (other counts change a row's bits on BLAS)."""
+        """Packed: the rows in use, at least 2 (a lone request's row and a spare one: oneDNN's products take
+        another kernel for one row on some machines, and a size of 1 is always specialised by a compiler);
+        otherwise multiples of MIN_ROWS, the slots rounded up (other counts change a row's bits on BLAS)."""
         if self.packed:
-            return list(range(2 if self.dynamic and slots > 1 else 1, slots + 1))
+            return list(range(2, max(slots, 2) + 1))
         return multiples(MIN_ROWS, -(-max(slots, MIN_ROWS) // MIN_ROWS) * MIN_ROWS) if slots > 1 else [1]
+
+    def slots_for(self, slots: int) -> int:
+        """Packed: the slots asked for (a spare row is never held); otherwise every row a step computes."""
+        return slots if self.packed else super().slots_for(slots)
+
+    def step(self, tokens: list[int], lengths: list[int], sources: list[int],
+             rows: list[int] | None = None) -> torch.Tensor:
+        """The lean step (generation/lean.py) where the model fits it: rows [0, R_b), or one chosen slot (a step
+        retried request by request); the eager runner's step otherwise."""
+        if self.lean is None or (rows is not None and len(rows) > 1):
+            return super().step(tokens, lengths, sources, rows)
+        token_rows, lengths_t, columns = self.step_inputs(tokens, lengths, rows)
+        with self.calling():
+            return self.lean(token_rows, lengths_t, columns, rows[0] if rows else 0)[: len(lengths)]
 
     def groups(self, arrivals):
         """Packed: prompts of a width bucket prefilled together; otherwise one by one (a row's bits would depend
@@ -188,8 +226,12 @@ class CpuRunner(EagerRunner):
         with CpuCall(), self.products.attached() if self.products else contextlib.nullcontext():
             return super().call_prefill(*args)
 
+    def calling(self) -> contextlib.AbstractContextManager:
+        """A step's products and thread policy: the packed products, or one thread."""
+        return self.products.attached() if self.products else one_thread()
+
     def call_step(self, fn, *args):
-        with self.products.attached() if self.products else one_thread():
+        with self.calling():
             return super().call_step(fn, *args)
 
     def one_graph(self) -> Callable:

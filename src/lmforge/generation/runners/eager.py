@@ -10,8 +10,8 @@ sampling settings and random stream, and the two model calls:
 
 The scheduler (scheduler.py) decides which slots run; the runner never decides, it computes. A runner's shapes
 come from *buckets* (slots.py): prompts padded to a multiple of 8 tokens, columns read to a multiple of 32, rows
-exactly the rows in use. Other runners change how the same calls are made (cpu.py: packed products and a thread
-policy; compiled.py: a graph per bucket), never what they compute.
+exactly the rows in use. Other runners change how the same calls are made (cpu.py: packed products, a thread
+policy and the lean step of generation/lean.py; compiled.py: a graph per bucket), never what they compute.
 """
 
 from __future__ import annotations
@@ -76,10 +76,11 @@ class EagerRunner:
         self.memory = memory if self.seq2seq else 0
         self.device = next(model.parameters()).device
         self.row_buckets = self.rows_for(slots)
-        self.n_slots = self.row_buckets[-1]
+        self.n_slots = self.slots_for(slots)
         self.capacity_buckets, self.prompt_buckets = self.columns_for(capacity, self.memory or capacity)
-        self.caches = SlotCaches(model, self.n_slots, capacity + self.spare_columns, self.memory)
-        vocab, s = model.config.vocab_size, self.n_slots
+        s = self.row_buckets[-1]  # rows a step may compute: the slots, and any a bucket adds (never held)
+        self.caches = SlotCaches(model, s, capacity + self.spare_columns, self.memory)
+        vocab = model.config.vocab_size
         self.seen = torch.zeros(s, vocab, dtype=torch.bool, device=self.device)  # (S, V) tokens in each text
         self.src_mask = torch.zeros(s, max(self.memory, 1), dtype=torch.bool, device=self.device)  # (S, M)
         self.settings = torch.zeros(4, s, device=self.device)  # rows: temperature, top_k, top_p, penalty
@@ -95,6 +96,10 @@ class EagerRunner:
     def rows_for(self, slots: int) -> list[int]:
         """The row counts a step may compute: every count up to the slots (each row computed is a request)."""
         return list(range(1, slots + 1))
+
+    def slots_for(self, slots: int) -> int:
+        """The slots requests may hold: every row a step may compute (cpu.py keeps a spare row)."""
+        return self.row_buckets[-1]
 
     def columns_for(self, capacity: int, longest_prompt: int) -> tuple[list[int], list[int]]:
         """(columns a step reads, widths a prompt is padded to): multiples of 32 and of 8."""
@@ -194,11 +199,8 @@ class EagerRunner:
         ``lengths``: the next-token logits (R, V). A step computes ``bucket(R)`` rows; the padding rows' results
         are dropped."""
         n = len(lengths)
-        width = n if rows is not None else bucket(n, self.row_buckets)
-        pad = width - n
-        token_rows = torch.tensor(tokens + [self.pad_id] * pad, device=self.device)  # (R_b,)
-        lengths_t = torch.tensor(lengths + [0] * pad, device=self.device)  # (R_b,)
-        columns = bucket(max(lengths) + 1, self.capacity_buckets)
+        token_rows, lengths_t, columns = self.step_inputs(tokens, lengths, rows)
+        width = len(token_rows)
         memory = bucket(max(sources), self.prompt_buckets) if self.seq2seq else 0
         index = torch.tensor(rows, device=self.device) if rows is not None else None
         layers = self.caches.step(lengths_t, columns, memory, index)
@@ -209,6 +211,15 @@ class EagerRunner:
         else:
             logits = self.call_step(fn, layers, token_rows, lengths_t, columns)
         return logits[:n]
+
+    def step_inputs(self, tokens: list[int], lengths: list[int],
+                    rows: list[int] | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A step's tokens and lengths (R_b,), padded to its row bucket (``rows``: exactly those), and the columns
+        it reads."""
+        pad = (len(lengths) if rows is not None else bucket(len(lengths), self.row_buckets)) - len(lengths)
+        token_rows = torch.tensor(tokens + [self.pad_id] * pad, device=self.device)  # (R_b,)
+        lengths_t = torch.tensor(lengths + [0] * pad, device=self.device)  # (R_b,)
+        return token_rows, lengths_t, bucket(max(lengths) + 1, self.capacity_buckets)
 
     def call_step(self, fn, *args: torch.Tensor | list | int) -> torch.Tensor:
         """The step's model call (cpu.py wraps it in its products and thread policy)."""

@@ -1,0 +1,185 @@
+"""The lean decoding step: one new token a row through a pre-LN decoder, in about 18 torch calls a layer.
+
+The model's own forward (``decoder_step`` in runners/eager.py) is the readable reference: every layer builds its
+mask, looks up its rotation, splits heads, writes its cache through ``SlotKV`` and goes through the modules of
+``TransformerLayer`` and ``MultiHeadAttention`` — about 62 aten calls a layer, 1,874 a token at SmolLM2's 30
+layers, where on a CPU the Python and dispatch work of those calls costs as much as the matrix products. This step
+computes the same thing (to float rounding: tests/test_lean_step.py) for the case that decoding runs most, one
+token a row over the slots' caches, with everything that does not depend on the layer done once a step:
+
+    once a step   embeddings; the rotation's cos and sin of every row's position, laid out per head (the values'
+                  heads turn by 0); the attention bias of every row (0 for its columns <= its length, -inf
+                  after: no boolean mask, no masked_fill a layer); every layer's view of the cache, made by
+                  one ``unbind``; the buffers the layers write into, and their views
+    a layer       x = x + W_o attend(norm1(x))                     (R, D)
+                  x = x + W_2 (silu(g) ⊙ u),  [g, u] = W_1 norm2(x)
+
+and attend, for h (R, D) and r = H / H_kv query heads a key/value head:
+
+    heads   = (h W_qkvᵀ).view(R, H + 2 H_kv, d)                   queries, keys, values of the new token
+    turned  = heads ⊙ cos + roll(heads, d/2) ⊙ sin±                 rotary in two calls (rotate_half = roll with
+                                                                    the sine's first half negated)
+    cache[part, row, head, length] = turned[:, H:]                  keys and values written by one index_put_
+    scores  = bias + scale · q Kᵀ                                    q (R, H_kv, r, d), K (R, H_kv, C, d)
+    heads   = softmax(scores) V                                     into (R, H_kv, r, d) = (R, H d) in place
+
+A row's bits never depend on its neighbours: every call is per row (elementwise, per-row softmax, products whose
+rows do not depend on the row count: the runner's packed products on a CPU). ``add_product(linear, x, residual)``
+is the residual sum after a product, in one call: ``addmm`` with plain products, one oneDNN call with the CPU
+runner's packed ones (runners/cpu.py).
+
+What fits (``fits``): a ``Decoder`` with rotary or learned positions, RMSNorm or LayerNorm, any activation, no
+QK-norm, the keys and values of every layer of one shape. Others step through the model's forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.generation.slots import SlotCaches, arange
+from lmforge.models.decoder import Decoder
+from lmforge.nn.layers import TransformerLayer
+
+
+def fits(model: nn.Module, caches: SlotCaches) -> bool:
+    """Whether the lean step computes this model's decoding step (else the model's forward does)."""
+    if not isinstance(model, Decoder) or caches.buffer is None:
+        return False
+    return all(layer.self_attn.q_norm is None and layer.self_attn.d_qk % 2 == 0 for layer in model.layers)
+
+
+_TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> Wᵀ, a view made once
+
+
+def transposed(linear: nn.Linear) -> torch.Tensor:
+    """Wᵀ (in, out) of a layer, the view made again when its weight is other memory (replaced, or converted)."""
+    w, held = linear.weight, _TRANSPOSED.get(linear)
+    if held is None or held.data_ptr() != w.data_ptr() or held.dtype != w.dtype or held.shape[::-1] != w.shape:
+        held = _TRANSPOSED[linear] = w.detach().t()
+    return held
+
+
+def add_product(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + linear(x) (R, out): one ``addmm`` for an ``nn.Linear`` without bias (its Wᵀ viewed once), else
+    the two calls."""
+    if type(linear) is nn.Linear and linear.bias is None and x.dim() == 2 and not torch.is_grad_enabled():
+        return torch.addmm(residual, x, transposed(linear))
+    return residual + linear(x)
+
+
+def normalize(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm or LayerNorm of x (R, D) in one call."""
+    if isinstance(norm, nn.LayerNorm):
+        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
+
+
+class StepTensors(NamedTuple):
+    """What every layer of one step reads or writes: made once a step."""
+
+    cos: torch.Tensor  # (R, H + 2 H_kv, d): cos of each row's angles on query and key heads, 1 on value heads
+    sin: torch.Tensor  # (R, H + 2 H_kv, d): [-sin, sin] halves on query and key heads, 0 on value heads
+    bias: torch.Tensor  # (R, 1, 1, C): 0 for a row's columns <= its length, -inf after
+    at: tuple[torch.Tensor, ...]  # where each row's new keys and values go in a layer's (2, S, H_kv, C, d)
+    turned: torch.Tensor  # (R, H + 2 H_kv, d): the rotated heads, written by every layer in turn
+    queries: torch.Tensor  # (R, H_kv, r, d): a view of turned's query heads, grouped by key/value head
+    new_kv: torch.Tensor  # (R, 2 H_kv, d): a view of turned's key and value heads
+    heads: torch.Tensor  # (R, H_kv, r, d): the attention's output, written by every layer in turn
+    concat: torch.Tensor  # (R, H d): the same memory, as the output projection reads it
+
+
+class LeanStep:
+    """``lean(tokens, lengths, columns, first)``: the next-token logits (R, V) of rows [first, first + R) of the
+    slots, each decoding one token at its column ``lengths[b]`` and attending to its first ``columns`` columns
+    (see the module docstring). ``add_product``: the residual sum of a product in one call (``addmm`` by default)."""
+
+    def __init__(self, model: Decoder, caches: SlotCaches,
+                 add_product: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = add_product) -> None:
+        self.model, self.buffer, self.add_product = model, caches.buffer, add_product
+        attention = model.layers[0].self_attn
+        self.h, self.h_kv, self.d = attention.n_heads, attention.n_kv_heads, attention.d_qk
+        self.scale = attention.scale
+        weight = model.tok_emb.weight
+        heads = self.h + 2 * self.h_kv
+        # the index of a layer's new keys and values, (part, head) of each of the 2 H_kv heads: part 0 keys, 1 values
+        self.part = torch.arange(2, device=weight.device).repeat_interleave(self.h_kv)[None]  # (1, 2 H_kv)
+        self.kv_head = torch.arange(self.h_kv, device=weight.device).repeat(2)[None]  # (1, 2 H_kv)
+        self.turns = torch.arange(heads, device=weight.device) < self.h + self.h_kv  # (H + 2 H_kv,) rotated heads
+        self.cos = self.sin = None
+        if model.rotary is not None:  # (N + 1, d) tables in the model's dtype; row N turns by 0 (the values)
+            exact = weight.dtype == torch.float64
+            cos = (model.rotary.cos if exact else model.rotary.cos32).to(weight.dtype)
+            sin = (model.rotary.sin if exact else model.rotary.sin32).to(weight.dtype)
+            sin = torch.cat([-sin[:, : self.d // 2], sin[:, self.d // 2:]], dim=-1)  # rotate_half's signs
+            self.cos = torch.cat([cos, torch.ones_like(cos[:1])])
+            self.sin = torch.cat([sin, torch.zeros_like(sin[:1])])
+        self.zero, self.minus_inf = (torch.tensor(v, dtype=weight.dtype, device=weight.device)
+                                     for v in (0.0, float("-inf")))
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, columns: int, first: int = 0) -> torch.Tensor:
+        """tokens, lengths (R,) -> logits (R, V)."""
+        model, rows = self.model, tokens.shape[0]
+        x = F.embedding(tokens, model.tok_emb.weight)  # (R, D)
+        if model.pos_emb is not None:
+            x = x + F.embedding(lengths, model.pos_emb.embedding.weight)
+        cache = self.buffer[:, :, first:first + rows, :, :columns]  # (L, 2, R, H_kv, C, d)
+        keys = cache[:, 0].transpose(-1, -2).unbind(0)  # L x (R, H_kv, d, C): Kᵀ of each layer
+        values = cache[:, 1].unbind(0)  # L x (R, H_kv, C, d)
+        targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
+        t = self.step_tensors(lengths, columns, first)
+        for layer, k, v, target in zip(model.layers, keys, values, targets, strict=True):
+            x = self.layer(layer, x, k, v, target, t)
+        return model.head(normalize(model.norm_f, x))  # (R, V)
+
+    def step_tensors(self, lengths: torch.Tensor, columns: int, first: int) -> StepTensors:
+        """The rotation, the bias, the cache index and the buffers of one step (shapes in ``StepTensors``)."""
+        rows, device, dtype = lengths.shape[0], lengths.device, self.zero.dtype
+        length = lengths[:, None]  # (R, 1)
+        cos = sin = self.zero
+        if self.cos is not None:  # row N of the tables (no turn) on the value heads
+            position = torch.where(self.turns, length, self.cos.shape[0] - 1)  # (R, H + 2 H_kv)
+            cos, sin = self.cos[position], self.sin[position]  # (R, H + 2 H_kv, d)
+        visible = arange(columns, device)[None] <= length  # (R, C)
+        bias = torch.where(visible, self.zero, self.minus_inf).view(rows, 1, 1, columns)
+        slots = (arange(rows, device) if not first else torch.arange(first, first + rows, device=device))[:, None]
+        turned = torch.empty(rows, self.h + 2 * self.h_kv, self.d, dtype=dtype, device=device)
+        heads = torch.empty(rows, self.h * self.d, dtype=dtype, device=device)
+        return StepTensors(cos, sin, bias, (self.part, slots, self.kv_head, length), turned,
+                           turned[:, : self.h].view(rows, self.h_kv, -1, self.d), turned[:, self.h:],
+                           heads.view(rows, self.h_kv, -1, self.d), heads)
+
+    def layer(self, layer: TransformerLayer, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              target: torch.Tensor, t: StepTensors) -> torch.Tensor:
+        """One pre-LN layer for x (R, D): nanoGPT's Block, each residual sum in the call of its product."""
+        heads = self.attend(layer, normalize(layer.norm1, x), k, v, target, t)  # (R, H d)
+        x = self.add_product(layer.self_attn.out_proj, heads, x)  # x + W_o attend(norm1(x))
+        return self.add_product(layer.ffn.fc2, self.feed_forward(layer, normalize(layer.norm2, x)), x)
+
+    def attend(self, layer: TransformerLayer, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               target: torch.Tensor, t: StepTensors) -> torch.Tensor:
+        """The attention heads (R, H d) of h (R, D) over the cached keys k (R, H_kv, d, C) and values v."""
+        heads = layer.self_attn.in_proj(h).view(t.turned.shape)  # (R, H + 2 H_kv, d)
+        if self.cos is not None:  # x cos + rotate_half(x) sin, the value heads turned by 0
+            torch.mul(heads, t.cos, out=t.turned)
+            t.turned.addcmul_(heads.roll(self.d // 2, dims=-1), t.sin)
+        else:
+            t.turned.copy_(heads)
+        target.index_put_(t.at, t.new_kv)  # (R, 2 H_kv, d) at each row's column
+        scores = torch.add(t.bias, torch.matmul(t.queries, k), alpha=self.scale)  # (R, H_kv, r, C)
+        torch.matmul(scores.softmax(dim=-1), v, out=t.heads)  # (R, H_kv, r, d)
+        return t.concat  # (R, H d)
+
+    def feed_forward(self, layer: TransformerLayer, h: torch.Tensor) -> torch.Tensor:
+        """act(h W_1ᵀ) (R, d_ff), or silu(g) ⊙ u for a gated one; W_2 is the residual's product."""
+        ffn = layer.ffn
+        hidden = ffn.fc1(h)  # (R, d_ff) or (R, 2 d_ff)
+        if not ffn.gated:
+            return ffn.act(hidden)
+        gate, value = hidden.chunk(2, dim=-1)
+        return ffn.act(gate) * value
