@@ -7,6 +7,7 @@
                  page) and the server's state: work off the event loop, 429 beyond --max-queue
     reply.py     one request's tokens as the OpenAI shapes: the whole reply or server-sent events; a client
                  that goes away cancels its request
+    logprobs.py  log-probabilities in OpenAI's two shapes (chat's content list, completions' columns)
     errors.py    OpenAI's error object for every answer that is not a success, and the status of each failure
     metrics.py   /metrics in Prometheus' text format
     process.py   the process: the decoding engine stepping on the main thread, uvicorn in a thread or in a
