@@ -142,3 +142,15 @@ def test_bad_logprob_requests_are_400_naming_the_field(served, route, body, para
     url, _ = served
     r = requests.post(f"{url}/v1/{route}", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_the_openai_client_reads_them(served):
+    openai = pytest.importorskip("openai", reason="the openai client is the tests' peer (dev extra)")
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+    answer = client.chat.completions.create(model="chat-model", messages=QUESTION, logprobs=True, top_logprobs=3,
+                                            temperature=0, max_tokens=8)
+    content = answer.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    legacy = client.completions.create(model="chat-model", prompt="the cat sat", echo=True, max_tokens=0, logprobs=1)
+    assert legacy.choices[0].logprobs.token_logprobs[0] is None and legacy.choices[0].text == "the cat sat"
