@@ -5,6 +5,7 @@
     POST /v1/embeddings         encoders: the mean-pooled vector ``lmforge embed`` gives
     POST /v1/classify           fine-tuned classifiers: label and probabilities (``lmforge predict``)
     POST /v1/attention          the attention explorer page of a conversation (the chat page's button)
+    POST /tokenize, /detokenize, GET /tokenizer_info    the model's tokenizer (vLLM's and llama.cpp's shapes)
     GET  /v1/models, /health, /metrics (Prometheus text), /  (the chat page)
 
 Every request first passes the ``Guard`` (guard.py: drain, key, body size, metrics); every failure is OpenAI's
@@ -33,7 +34,7 @@ from lmforge.generation.engine import Request as EngineRequest
 from lmforge.serve import errors
 from lmforge.serve.errors import HTTPError
 from lmforge.serve.guard import Guard
-from lmforge.serve.logprobs import completion_columns
+from lmforge.serve.logprobs import completion_columns, token_bytes
 from lmforge.serve.metrics import Metrics
 from lmforge.serve.reply import Reply
 from lmforge.serve.schemas import (
@@ -41,8 +42,10 @@ from lmforge.serve.schemas import (
     ChatRequest,
     ClassifyRequest,
     CompletionRequest,
+    DetokenizeRequest,
     EmbeddingRequest,
     Sampling,
+    TokenizeRequest,
 )
 from lmforge.workflows.serving import Busy, ModelService
 
@@ -151,6 +154,24 @@ def working(app: FastAPI, state: Served) -> None:
         if not body.echo and len(prompts) == 1:
             return await complete(state, request, body, ids[0], chat=False, limit=body.max_tokens, top=body.logprobs)
         return await complete_all(state, request, body, prompts, ids)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        ids = await state.work(service.tokenize, body.text(), body.special())
+        pieces = [{"id": i, "piece": token_bytes(service.tokenizer, i).decode("utf-8", errors="replace")}
+                  for i in ids] if body.with_pieces else None
+        return {"tokens": pieces or ids, "count": len(ids), "max_model_len": service.context}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        text = await state.work(service.detokenize, body.tokens)
+        return {"prompt": text, "content": text}  # vLLM's name, llama.cpp's
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        return service.tokenizer_info()
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:

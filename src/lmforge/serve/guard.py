@@ -1,7 +1,8 @@
 """What every request passes before a route sees it, as one ASGI layer around the app (``Guard``):
 
     draining?      a server stopping after SIGTERM answers 503 with Retry-After (so a balancer moves on)
-    key            /v1/* needs ``Authorization: Bearer KEY`` when ``--api-key`` is set (compared in constant time)
+    key            /v1/* and the tokenizer's routes need ``Authorization: Bearer KEY`` when ``--api-key`` is set
+                   (compared in constant time)
     body           at most ``--max-body`` bytes, counted as they are read (Content-Length or chunked): 413 beyond,
                    and the rest is never read
     in flight      counted, so that a drain knows when the last response has been sent
@@ -28,6 +29,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+
+TOKENIZER_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's and llama.cpp's paths, at the root
 
 class Guard:
     """The ASGI layer described in the module docstring, over ``app``; ``state``: the server's ``Served``."""
@@ -71,7 +74,7 @@ class Guard:
         options, path = self.state.options, scope["path"]
         if self.state.draining and path not in ("/metrics",):
             return 503, "the server is shutting down; retry on another instance", {"Retry-After": "5"}
-        if options.api_key and path.startswith("/v1/"):
+        if options.api_key and (path.startswith("/v1/") or path in TOKENIZER_ROUTES):
             given = header(scope, b"authorization").removeprefix("Bearer ")
             if not hmac.compare_digest(given.encode(), options.api_key.encode()):
                 return 401, "missing or wrong API key (Authorization: Bearer KEY)", {}

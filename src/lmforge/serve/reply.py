@@ -41,7 +41,8 @@ class Reply:
             return None
         g, tokenizer = self.generation, self.state.service.tokenizer
         end = len(g.logprobs) if upto is None else min(upto, len(g.logprobs))
-        pairs = shown(g.tokens[self.listed: end], g.logprobs[self.listed: end], g.request.stop_ids or ())
+        stops = g.request.stop_ids or () if self.chat else ()  # a completion lists every token it generated
+        pairs = shown(g.tokens[self.listed: end], g.logprobs[self.listed: end], stops)
         self.listed = max(self.listed, end)
         if self.chat:
             return {"content": chat_content(tokenizer, pairs)}

@@ -191,3 +191,33 @@ class AttentionRequest(Strict):
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.plain() for m in self.messages]
+
+
+class TokenizeRequest(Strict):
+    """/tokenize: vLLM's shape (``prompt``, ``add_special_tokens``) or llama.cpp's (``content``, ``add_special``).
+    Special-token names written in the text are the special tokens, as a tokenizer takes them (the client builds
+    the whole prompt: chat text goes through /v1/chat/completions, which never reads them so)."""
+
+    prompt: Text | None = None
+    content: Text | None = None
+    add_special_tokens: bool | None = None
+    add_special: bool | None = None
+    with_pieces: bool = False
+    model: Text | None = None
+
+    @model_validator(mode="after")
+    def one_text(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.content is None):
+            raise ValueError("prompt: give the text as prompt (or llama.cpp's content), once")
+        return self
+
+    def text(self) -> str:
+        return self.prompt if self.prompt is not None else self.content or ""
+
+    def special(self) -> bool:
+        return bool(self.add_special_tokens if self.add_special_tokens is not None else self.add_special)
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int] = Field(max_length=1_000_000)
+    model: Text | None = None

@@ -240,6 +240,27 @@ class ModelService:
         check_room(len(ids), 1, self.context, field)
         return ids
 
+    def tokenize(self, text: str, special: bool) -> list[int]:
+        """/tokenize: ``text``'s ids, special-token names in it read as those tokens (``special``: the model's own
+        start and end tokens added); bounded by the context's worth of characters."""
+        self.check_characters(len(text), "prompt")
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        """/detokenize: the text of ``ids`` (special tokens written as their names)."""
+        size = len(self.tokenizer.id_to_token)
+        if (bad := next((i for i in ids if not 0 <= i < size), None)) is not None:
+            raise LmforgeError(f"tokens: token id {bad} is not in the vocabulary (0..{size - 1})")
+        return self.tokenizer.decode(ids)
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """/tokenizer_info: what a client needs to build prompts itself (lm-evaluation-harness reads it)."""
+        t = self.tokenizer
+        name = {role: t.roles.get(role) for role in ("bos", "eos", "pad", "unk")}
+        return {f"{role}_token": token for role, token in name.items()} | {
+            "chat_template": getattr(t, "chat_template", None), "vocab_size": len(t.id_to_token),
+            "model_max_length": self.context, "special_tokens": sorted(t.special_tokens)}
+
     def token_prompt(self, ids: list[int], field: str = "prompt") -> list[int]:
         """A completion's prompt given as token ids: each in the vocabulary, the whole within the context."""
         size = len(self.tokenizer.id_to_token)
