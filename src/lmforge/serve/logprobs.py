@@ -6,8 +6,9 @@ log-probability under the model's own distribution and the top alternatives, com
                                "text_offset": [...]}          (the prompt's first token, echoed: null)
 
 A token's text is its bytes read as UTF-8 (a byte-level token that holds part of a character reads as U+FFFD;
-``bytes`` gives the bytes themselves, as OpenAI does). The tokens that ended a reply (end of turn, end of text) are
-not part of its text and not listed.
+``bytes`` gives the bytes themselves, as OpenAI does). A chat reply does not list the tokens that ended it (end of
+turn, end of text: not part of its text); a completion lists every token it generated (lm-evaluation-harness
+reads an echoed prompt's columns up to the last, the one generated).
 """
 
 from __future__ import annotations
