@@ -29,6 +29,9 @@ class Request:
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # OpenAI's: minus this from a token's logit once it was generated
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times the times a token was generated
+    logit_bias: dict[int, float] | None = None  # OpenAI's: added to these tokens' logits
     seed: int | None = None
     generator: torch.Generator | None = None  # instead of seed: draw from this (shared) stream
     stop_ids: Sequence[int] | None = None  # None: the model's eos_id

@@ -5,6 +5,7 @@
     top-k:        keep the k largest z_v, renormalise                       (Fan et al. 2018)
     top-p:        keep the smallest set of most likely tokens whose mass is >= p   (Holtzman et al. 2019)
     repetition:   z_v / θ if z_v > 0 else z_v · θ, for tokens v already in the text   (Keskar et al. 2019)
+    OpenAI's:     z_v + b_v - c_v · α_frequency - [c_v > 0] · α_presence,   c_v: times v was generated, b: bias
     log-probs:    log p_v = z_v - log Σ_u exp z_u     of the model's own distribution (before the settings above)
 
 Filters set removed logits to -inf, so the softmax that follows renormalises over what is left.

@@ -6,7 +6,7 @@ spell but no UTF-8 text holds. Message content is a string or OpenAI's list of c
 reads the text parts (joined by a line break); an image or audio part is refused, naming it.
 
 Fields the OpenAI API knows and lmforge does not implement are accepted only at their neutral value
-(``presence_penalty: 0``, ``n: 1``); a field the OpenAI API would reject is rejected here too
+(``n: 1``); a field the OpenAI API would reject is rejected here too
 (``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``.
 
 The sampling fields' ranges are not written here: ``declared`` reads them from their declaration in
@@ -27,6 +27,7 @@ from lmforge.schema import api_rules, check_range
 
 TOP_LOGPROBS = 20  # alternatives a token's log-probability comes with, at most (OpenAI's chat: 20)
 MAX_PROMPTS = 64  # prompts one completion request may hold (each a choice of the answer)
+MAX_BIASED = 300  # tokens a logit_bias may name (OpenAI's limit)
 
 
 def declared(name: str, default: Any) -> Any:
@@ -69,8 +70,23 @@ class Sampling(Strict):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: Text | None = None
-    presence_penalty: Literal[0, 0.0] = 0
-    frequency_penalty: Literal[0, 0.0] = 0
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)  # OpenAI's ranges
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_BIASED)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def bias_by_token_id(cls, value: dict[str, float] | None) -> dict[int, float] | None:
+        if value is None:
+            return None
+        out = {}
+        for key, bias in value.items():
+            if not key.isdigit():
+                raise ValueError(f"keys are token ids (\"{key[:20]}\" is not)")
+            if not -100 <= bias <= 100 or bias != bias:
+                raise ValueError(f"token {key}: a bias is between -100 and 100")
+            out[int(key)] = float(bias)
+        return out
 
     @field_validator("stop")
     @classmethod

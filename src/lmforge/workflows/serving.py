@@ -261,6 +261,13 @@ class ModelService:
             "chat_template": getattr(t, "chat_template", None), "vocab_size": len(t.id_to_token),
             "model_max_length": self.context, "special_tokens": sorted(t.special_tokens)}
 
+    def check_bias(self, bias: dict[int, float] | None) -> dict[int, float] | None:
+        """A request's logit_bias, its token ids in the vocabulary."""
+        size = len(self.tokenizer.id_to_token)
+        if bias and (bad := next((i for i in bias if i >= size), None)) is not None:
+            raise LmforgeError(f"logit_bias: token id {bad} is not in the vocabulary (0..{size - 1})")
+        return bias
+
     def token_prompt(self, ids: list[int], field: str = "prompt") -> list[int]:
         """A completion's prompt given as token ids: each in the vocabulary, the whole within the context."""
         size = len(self.tokenizer.id_to_token)

@@ -61,6 +61,11 @@ def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: 
     return out.logits[:, -1]
 
 
+
+def shifts(r: Request) -> bool:
+    """Whether a request moves its logits by OpenAI's bias or penalties."""
+    return bool(r.logit_bias or r.presence_penalty or r.frequency_penalty)
+
 class EagerRunner:
     """The model's side of an engine of ``slots`` slots holding ``capacity`` tokens each (an encoder-decoder's
     sources up to ``memory``); ``start_id``: an encoder-decoder's first target token; ``prefix_blocks``: blocks
@@ -85,6 +90,8 @@ class EagerRunner:
         self.src_mask = torch.zeros(s, max(self.memory, 1), dtype=torch.bool, device=self.device)  # (S, M)
         self.settings = torch.zeros(4, s, device=self.device)  # rows: temperature, top_k, top_p, penalty
         self.settings[2:] = 1.0
+        self.shift = torch.zeros(s, vocab, device=self.device)  # (S, V) added to the logits: OpenAI's bias, penalties
+        self.counts = torch.zeros(s, vocab, dtype=torch.int32, device=self.device)  # (S, V) times each token came
         self.generators: list[torch.Generator | None] = [None] * s
         self.requests: list[Request | None] = [None] * s
         self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and self.keeps_prefixes() else None
@@ -133,11 +140,21 @@ class EagerRunner:
             self.seen[i] = False
             if not self.seq2seq:
                 self.seen[i, torch.as_tensor(list(r.ids), device=self.device)] = True
+        if shifts(r):  # OpenAI's bias and penalties: the penalties count generated tokens only
+            self.shift[i], self.counts[i] = 0.0, 0
+            if r.logit_bias:
+                ids, bias = zip(*r.logit_bias.items(), strict=True)
+                self.shift[i, torch.tensor(ids, device=self.device)] = torch.tensor(bias, device=self.device)
 
     def note(self, i: int, token: int) -> None:
-        """Slot i's text now holds ``token`` (for its repetition penalty)."""
-        if self.requests[i].repetition_penalty != 1.0:
+        """Slot i's text now holds ``token`` (for its repetition penalty, and OpenAI's penalties)."""
+        r = self.requests[i]
+        if r.repetition_penalty != 1.0:
             self.seen[i, token] = True
+        if r.presence_penalty or r.frequency_penalty:
+            first = int(self.counts[i, token]) == 0
+            self.counts[i, token] += 1
+            self.shift[i, token] -= r.frequency_penalty + (r.presence_penalty if first else 0.0)
 
     def move(self, src: int, dst: int, columns: int, source: int) -> None:
         """Slot ``src``'s cached keys and values and its state into the free slot ``dst`` (the scheduler's
@@ -145,6 +162,7 @@ class EagerRunner:
         self.caches.move(src, dst, columns, source if self.seq2seq else 0)
         self.settings[:, dst] = self.settings[:, src]
         self.seen[dst] = self.seen[src]
+        self.shift[dst], self.counts[dst] = self.shift[src], self.counts[src]
         self.src_mask[dst] = self.src_mask[src]
         self.generators[dst], self.requests[dst] = self.generators[src], self.requests[src]
 
@@ -230,6 +248,8 @@ class EagerRunner:
         index = torch.tensor(slots, device=self.device)
         held = [self.requests[i] for i in slots]
         penalised = any(r.repetition_penalty != 1.0 for r in held)
+        if any(shifts(r) for r in held):  # (R, V): each row's own shift (zero for the others)
+            logits = logits.float() + self.shift.index_select(0, index)
         return draw(logits, self.settings[:, index], [self.generators[i] for i in slots],
                     [r.temperature > 0 for r in held], self.seen.index_select(0, index) if penalised else None,
                     filtered=any(r.top_k or (r.top_p or 1.0) < 1 for r in held)).tolist()

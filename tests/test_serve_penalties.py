@@ -1,0 +1,91 @@
+"""OpenAI's presence and frequency penalties and logit_bias (issue 38, item 4), per row in the batched step.
+
+- the engine follows the formula: z_v + b_v - c_v·α_frequency - [c_v > 0]·α_presence, c_v the times v was
+  generated (the prompt not counted): its greedy tokens equal a reference loop over one forward pass a token;
+- rows with other settings beside it change nothing (the same tokens alone and in a batch of four);
+- through the server: the fields are read, a bias of +100 makes its token the only one, bad values are 400s.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from lmforge.generation.lm import LM
+from lmforge.generation.requests import Request
+from serve_helpers import chat_model, live_server
+
+requests = pytest.importorskip("requests", reason="requests (dev extra) sends the raw HTTP requests")
+pytest.importorskip("fastapi", reason="the server needs the serve extra (pip install 'lmforge[serve]')")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, single_thread):
+    return chat_model(tmp_path_factory.mktemp("penalties") / "chat-model")
+
+
+def reference(model, prompt: list[int], n: int, presence: float, frequency: float, bias: dict[int, float]):
+    tokens: list[int] = []
+    counts: dict[int, int] = {}
+    for _ in range(n):
+        with torch.no_grad():
+            z = model(torch.tensor([prompt + tokens])).logits[0, -1].double().clone()
+        for t, b in bias.items():
+            z[t] += b
+        for t, c in counts.items():
+            z[t] -= c * frequency + presence
+        token = int(z.argmax())
+        tokens.append(token)
+        counts[token] = counts.get(token, 0) + 1
+    return tokens
+
+
+SETTINGS = [dict(presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None),
+            dict(presence_penalty=1.2, frequency_penalty=0.0, logit_bias=None),
+            dict(presence_penalty=0.0, frequency_penalty=1.5, logit_bias={7: 3.0, 11: -5.0}),
+            dict(presence_penalty=-0.5, frequency_penalty=0.8, logit_bias={20: 1.0})]
+
+
+def test_the_engine_follows_openais_formula_alone_and_batched(folder):
+    import lmforge
+
+    model, tok = lmforge.load(folder)
+    prompt = tok.encode("the cat sat on the mat and the dog", add_special_tokens=False).ids
+    lm = LM(model.eval(), tok, slots=4)
+    asks = [Request(prompt, max_new_tokens=12, stop_ids=[], **s) for s in SETTINGS]
+    together = [g.tokens for g in lm.run(asks)]
+    alone = [lm.run([a])[0].tokens for a in asks]
+    assert together == alone
+    for s, got in zip(SETTINGS, alone, strict=True):
+        assert got == reference(model, prompt, 12, s["presence_penalty"], s["frequency_penalty"], s["logit_bias"] or {})
+    assert len(set(map(tuple, alone))) > 1  # the settings change the text: the test can tell them apart
+
+
+def test_the_server_reads_them_and_refuses_bad_ones(folder):
+    with live_server(folder, slots=4) as (url, service):
+        token = service.tokenizer.vocab.get("Ġcat", 50)
+        forced = requests.post(f"{url}/v1/completions", json={"prompt": "hello", "max_tokens": 5, "temperature": 0,
+                                                              "logit_bias": {str(token): 100}}).json()
+        assert forced["choices"][0]["text"] == service.tokenizer.decode([token] * 5)
+        bodies = [{"prompt": "the dog", "max_tokens": 8, "temperature": 0, "presence_penalty": p,
+                   "frequency_penalty": f} for p, f in ((0, 0), (1.5, 0), (0, 2), (-1, 1))]
+        alone = [requests.post(f"{url}/v1/completions", json=b).json()["choices"][0]["text"] for b in bodies]
+        together: list = [None] * 4
+
+        def ask(i: int) -> None:
+            together[i] = requests.post(f"{url}/v1/completions", json=bodies[i]).json()["choices"][0]["text"]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert together == alone
+        bad = [({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+               ({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
+               ({"logit_bias": {"999999": 1}}, "logit_bias")]
+        for body, param in bad:
+            r = requests.post(f"{url}/v1/completions", json={"prompt": "hello", **body})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
