@@ -1,4 +1,4 @@
-"""OpenAI's presence and frequency penalties and logit_bias (issue 38, item 4), per row in the batched step.
+"""OpenAI's presence and frequency penalties, logit_bias and n (issue 38, item 4), per row in the batched step.
 
 - the engine follows the formula: z_v + b_v - c_v·α_frequency - [c_v > 0]·α_presence, c_v the times v was
   generated (the prompt not counted): its greedy tokens equal a reference loop over one forward pass a token;
@@ -89,3 +89,18 @@ def test_the_server_reads_them_and_refuses_bad_ones(folder):
         for body, param in bad:
             r = requests.post(f"{url}/v1/completions", json={"prompt": "hello", **body})
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_n_choices_are_the_same_request_seeded_k_apart(folder):
+    with live_server(folder, slots=4) as (url, _):
+        body = {"prompt": "the cat", "max_tokens": 8, "temperature": 1.0, "seed": 40}
+        many = requests.post(f"{url}/v1/completions", json={**body, "n": 3}).json()
+        alone = [requests.post(f"{url}/v1/completions", json={**body, "seed": 40 + k}).json() for k in range(3)]
+        assert [c["text"] for c in many["choices"]] == [a["choices"][0]["text"] for a in alone]
+        assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+        assert many["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"]  # the prompt counted once
+        assert many["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+        assert len({c["text"] for c in many["choices"]}) > 1
+        chat = requests.post(f"{url}/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hello"}], "n": 2, "temperature": 0, "max_tokens": 4}).json()
+        assert len(chat["choices"]) == 2 and chat["choices"][0]["message"] == chat["choices"][1]["message"]

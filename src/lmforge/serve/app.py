@@ -203,12 +203,28 @@ def need(why_not: str | None) -> None:
 async def complete(state: Served, request: Request, body: Sampling, ids: list[int], chat: bool, limit: int | None,
                    top: int | None):
     """Queue the generation on the engine and answer with the whole reply, or stream it as server-sent events."""
+    if body.n > 1:
+        return await choices_of_one(state, request, body, ids, chat, limit, top)
     reply, queue = start(state, body, ids, chat, limit, top)
     if body.stream:
         return StreamingResponse(reply.events(queue, body.include_usage()), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     answer = await reply.whole(queue, request.receive)
     return Response(status_code=499) if answer is None else JSONResponse(answer)  # 499: the client went first
+
+
+async def choices_of_one(state: Served, request: Request, body: Sampling, ids: list[int], chat: bool,
+                         limit: int | None, top: int | None):
+    """``n`` choices of one prompt, decoded side by side (a seed gives choice k the seed + k); the prompt counted
+    once in the usage, as OpenAI does."""
+    started = [start(state, body.model_copy(update={"seed": None if body.seed is None else body.seed + k}), ids,
+                     chat, limit, top) for k in range(body.n)]
+    answers = await asyncio.gather(*(reply.whole(queue, request.receive) for reply, queue in started))
+    if any(answer is None for answer in answers):
+        return Response(status_code=499)
+    completion = sum(a["usage"]["completion_tokens"] for a in answers)
+    usage = {"prompt_tokens": len(ids), "completion_tokens": completion, "total_tokens": len(ids) + completion}
+    return answers[0] | {"choices": [{**a["choices"][0], "index": k} for k, a in enumerate(answers)], "usage": usage}
 
 
 def start(state: Served, body: Sampling, ids: list[int], chat: bool, limit: int | None, top: int | None,

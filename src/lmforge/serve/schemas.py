@@ -5,9 +5,8 @@ is accepted where a float is asked). Text fields refuse lone UTF-16 surrogates (
 spell but no UTF-8 text holds. Message content is a string or OpenAI's list of content parts, of which lmforge
 reads the text parts (joined by a line break); an image or audio part is refused, naming it.
 
-Fields the OpenAI API knows and lmforge does not implement are accepted only at their neutral value
-(``n: 1``); a field the OpenAI API would reject is rejected here too
-(``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``.
+A field lmforge does not implement (``response_format``, ``tools``) is refused, and so is one the OpenAI API
+would reject (``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``.
 
 The sampling fields' ranges are not written here: ``declared`` reads them from their declaration in
 ``generation.options.GenerateOptions`` (the flags' and ``generate``'s), with OpenAI's own where the field's ``api``
@@ -28,6 +27,7 @@ from lmforge.schema import api_rules, check_range
 TOP_LOGPROBS = 20  # alternatives a token's log-probability comes with, at most (OpenAI's chat: 20)
 MAX_PROMPTS = 64  # prompts one completion request may hold (each a choice of the answer)
 MAX_BIASED = 300  # tokens a logit_bias may name (OpenAI's limit)
+MAX_CHOICES = 16  # n: choices one request may ask for
 
 
 def declared(name: str, default: Any) -> Any:
@@ -66,7 +66,7 @@ class Sampling(Strict):
     repetition_penalty: float = declared("repetition_penalty", 1.0)
     stop: Text | list[Text] | None = Field(None, validate_default=True)  # always a list once checked
     seed: int | None = declared("seed", None)
-    n: Literal[1] = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices of one prompt (not streamed)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: Text | None = None
@@ -97,6 +97,12 @@ class Sampling(Strict):
         except LmforgeError as err:  # the 400 names the field: the message says the rest
             raise ValueError(str(err).removeprefix("stop: ")) from None
         return stops
+
+    @model_validator(mode="after")
+    def one_stream(self) -> Sampling:
+        if self.n > 1 and self.stream:
+            raise ValueError("n: one choice when streaming (this server)")
+        return self
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -174,6 +180,8 @@ class CompletionRequest(Sampling):
             raise ValueError("max_tokens: 0 only with echo (the prompt's log-probabilities, nothing generated)")
         if self.stream and (self.echo or len(self.prompts()) > 1):
             raise ValueError("stream: one prompt and no echo when streaming (this server)")
+        if self.n > 1 and (self.echo or len(self.prompts()) > 1):
+            raise ValueError("n: several choices of one prompt, without echo")
         return self
 
     def prompts(self) -> list[str | list[int]]:
