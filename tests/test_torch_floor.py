@@ -36,7 +36,9 @@ SINCE_TEXT = {
                is_grad_enabled isfinite isin load log log_softmax lstm manual_seed matmul no_grad nonzero ones
                ones_like save set_num_threads set_rng_state sigmoid sin softmax sort stack tanh tanh_ tensor where
                zeros zeros_like
-        torch: bfloat16 bool float16 float32 float64 int64 long uint8
+        torch: bfloat16 bool float16 float32 float64 int32 int64 long uint8 addmm
+        torch.add: (alpha=)
+        torch.mul: (out=)
         torch._dynamo: mark_dynamic
         torch.backends.cuda.matmul: allow_tf32
         torch.backends.cudnn: allow_tf32
@@ -51,13 +53,14 @@ SINCE_TEXT = {
         torch.distributed.fsdp.ShardingStrategy: FULL_SHARD
         torch.distributed.fsdp.wrap: ModuleWrapPolicy
         torch.nn: Conv1d Dropout Embedding Identity LayerNorm Linear Module ModuleList Parameter
-        torch.nn.functional: cosine_similarity cross_entropy dropout gelu linear log_softmax normalize pad relu
+        torch.nn.functional: cosine_similarity cross_entropy dropout embedding gelu layer_norm linear log_softmax
+                             normalize pad relu
                              scaled_dot_product_attention silu
         torch.nn.init: kaiming_uniform_ normal_ ones_ uniform_ xavier_uniform_ zeros_
         torch.nn.parallel: DistributedDataParallel
         torch.nn.utils: clip_grad_norm_
         torch.nn.utils.rnn: pack_padded_sequence pad_packed_sequence
-        torch.ops.mkldnn: _linear_pointwise.default _reorder_linear_weight
+        torch.ops.mkldnn: _linear_pointwise.default _linear_pointwise.binary _reorder_linear_weight
         torch.optim: AdamW Optimizer
         torch.overrides: TorchFunctionMode
         torch.utils.tensorboard: SummaryWriter

@@ -158,8 +158,9 @@ class Options:
     keep_logits: bool
 
     def request(self, ids: list[int], seed: int | None, generator: torch.Generator | None) -> Request:
-        return Request(ids, self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.repetition_penalty,
-                       seed, generator, self.stop, self.stop_strings, self.keep_logits)
+        return Request(ids, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                       top_p=self.top_p, repetition_penalty=self.repetition_penalty, seed=seed, generator=generator,
+                       stop_ids=self.stop, stop_strings=self.stop_strings, keep_logits=self.keep_logits)
 
 
 def engine_steps(lm: LM, prompts: list[list[int]], o: Options, seeds: list[int | None],

@@ -29,18 +29,18 @@ class Request:
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0  # OpenAI's: minus this from a token's logit once it was generated
-    frequency_penalty: float = 0.0  # OpenAI's: minus this times the times a token was generated
-    logit_bias: dict[int, float] | None = None  # OpenAI's: added to these tokens' logits
     seed: int | None = None
     generator: torch.Generator | None = None  # instead of seed: draw from this (shared) stream
     stop_ids: Sequence[int] | None = None  # None: the model's eos_id
     stop_strings: Sequence[str] = ()  # needs the engine's tokenizer
     keep_logits: bool = False  # keep each step's raw logits (V,) in Generation.logits
-    logprobs: int | None = None  # keep each new token's log-probability and this many top alternatives
     on_token: Callable[[int], None] | None = None  # each new token
     on_text: Callable[[str], None] | None = None  # the text the new tokens make (needs the engine's tokenizer)
     on_finish: Callable[[Generation], None] | None = None  # once it has ended, whatever the reason
+    logprobs: int | None = None  # keep each new token's log-probability and this many top alternatives
+    presence_penalty: float = 0.0  # OpenAI's: minus this from a token's logit once it was generated
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times the times a token was generated
+    logit_bias: dict[int, float] | None = None  # OpenAI's: added to these tokens' logits
 
 
 @dataclass(eq=False)
