@@ -1,0 +1,143 @@
+"""Quantized weights where models are loaded: ``--dtype int8 | int4`` and GGUF's Q4_0 / Q4_1 kept as stored."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import lmforge
+from lmforge.cli import main
+from lmforge.errors import LmforgeError
+from lmforge.generation import generate
+from lmforge.interop.directories import check_dtype
+from lmforge.interop.gguf import load_gguf, read_gguf, write_gguf
+from lmforge.interop.gguf_file import int4_blocks
+from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
+from lmforge.models import Decoder, get_preset
+from lmforge.models.registry import save_pretrained
+from lmforge.nn.quant import QuantizedLinear
+from lmforge.reference.quant import quantized_linear
+from test_gguf import byte_tokenizer, tiny_llama
+from test_quant import product_bound
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    """One torch thread (the shared fixture in conftest.py)."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A GPT-2-shaped tiny model with weights large enough that greedy choices are not near-ties."""
+    tok = byte_tokenizer()
+    config = get_preset("gpt-tiny", vocab_size=tok.vocab_size, eos_id=tok.eos_id)
+    torch.manual_seed(0)
+    model = Decoder(config).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.15)
+    folder = tmp_path_factory.mktemp("gpt")
+    save_pretrained(model, folder, tokenizer=tok)
+    return folder, model, tok
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_generate_dtype_quantizes_and_its_greedy_tokens_follow_fp32(model_dir, capsys, dtype):
+    """The command's tokens are the Python API's on ``lmforge.load(..., dtype=)``; the first is fp32's, and
+    the logits along them differ from fp32's by a fraction of their spread, root mean square (a random
+    model: a bound, not bits; docs/models.md has SmolLM2's perplexity and greedy agreement)."""
+    folder, model, tok = model_dir
+    assert main(["generate", "--model", str(folder), "--prompt", "the cat", "--max-new-tokens", "8", "--json",
+                 "--dtype", dtype]) == 0
+    out = capsys.readouterr()
+    ids = json.loads(out.out)["ids"]
+    quantized, _ = lmforge.load(folder, dtype=dtype)
+    assert sum(isinstance(m, QuantizedLinear) for m in quantized.modules()) == (9 if dtype == "int8" else 8)
+    prompt = torch.tensor([tok.encode("the cat", add_special_tokens=False).ids])
+    assert ids == generate(quantized, prompt, max_new_tokens=8).to_lists()[0]
+    assert ids[0] == generate(model, prompt, max_new_tokens=1).to_lists()[0][0]
+    with torch.no_grad():  # along the quantized model's tokens, its logits stay near fp32's
+        both = torch.tensor([prompt[0].tolist() + ids])
+        a, b = model(both).logits, quantized(both).logits
+    assert (a - b).pow(2).mean().sqrt() < {"int8": 0.02, "int4": 0.3}[dtype] * a.std()
+    if dtype == "int4":  # the 300-row head cannot be int4: said on standard error
+        assert "1 layer(s) stay float32: lm_head.proj (out_features 300" in out.err
+
+
+def test_quantized_weights_are_refused_off_the_cpu_in_one_line():
+    with pytest.raises(LmforgeError, match="--dtype int4: quantized weights run on the CPU only"):
+        check_dtype("int4", torch.device("meta"))
+    check_dtype("bf16", torch.device("meta"))
+
+
+# -- GGUF ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["q4_0", "q4_1"])
+def gguf_file(request, tmp_path_factory):
+    model = tiny_llama(tie=False)
+    path = tmp_path_factory.mktemp("gguf") / f"m-{request.param}.gguf"
+    write_gguf(path, llama_config_from_decoder(model.config), llama_state_from_decoder(model.state_dict(),
+                                                                                        model.config),
+               byte_tokenizer(), dtype=request.param)
+    return path
+
+
+def test_q4_blocks_become_int4_layers_without_being_dequantized(gguf_file, monkeypatch):
+    import lmforge.interop.gguf as module
+
+    read = []
+    dequantize = module.dequantize
+    monkeypatch.setattr(module, "dequantize", lambda raw, kind, shape: read.append(kind) or
+                        dequantize(raw, kind, shape))
+    model, _ = load_gguf(gguf_file, int4=True)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert len(layers) == 2 * 4 and all(m.kind == "int4" and m.group == 32 for m in layers.values())
+    floats = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert floats == ["lm_head.proj"]  # 300 rows: not a multiple of 16, so read as float32
+    assert sorted(set(read)) == ["F32", gguf_file.stem[-4:].upper()]  # the norms; the embedding (a lookup), the head
+    assert read.count(gguf_file.stem[-4:].upper()) == 2
+
+
+def test_an_int4_layer_from_q4_blocks_gives_the_dequantized_weights_product(gguf_file):
+    """Against the float64 product of the file's weights dequantized as llama.cpp does (x = d q + m): the
+    kernel's rounding (``product_bound``) plus the move of d and m + 8 d from float16 to bfloat16, at most
+    2^-8 (8 d + |m + 8 d|) a weight."""
+    model, _ = load_gguf(gguf_file, int4=True)
+    floats, _ = load_gguf(gguf_file)
+    file = read_gguf(gguf_file)
+    raw = {t.name: t for t in file.file.tensors}
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))
+    for name, layer in [("layers.0.ffn.fc2", "blk.0.ffn_down.weight"),
+                        ("layers.1.self_attn.out_proj", "blk.1.attn_output.weight")]:
+        q4 = model.get_submodule(name)
+        w = floats.get_submodule(name).weight.detach().double().numpy()  # (N, K) as llama.cpp dequantizes it
+        k = w.shape[1]
+        xs = x[:, :k].double().numpy()
+        ref = quantized_linear(xs, w)
+        t = raw[layer]
+        _, d, m = int4_blocks(file.file.raw(t), t.kind, tuple(reversed(t.shape)))
+        z = m + 8 * d if t.kind == "Q4_1" else m
+        moved = 2 ** -8 * (8 * np.abs(d) + np.abs(z))  # (N, K/32): how far a weight may move
+        bound = product_bound(xs, w, ref) + np.abs(xs) @ np.repeat(moved, 32, axis=1).T
+        y = q4(x[:, :k]).double().numpy()
+        assert (np.abs(y - ref) <= bound).all(), name
+        assert 0 < np.abs(y - ref).max() < 0.5 * bound.max()
+    ids = torch.randint(3, 250, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        a, b = floats(ids).logits, model(ids).logits
+    assert (a - b).abs().max() < 0.1 * a.std()  # bfloat16 activations in every product
+
+
+def test_load_with_dtype_int4_keeps_a_gguf_q4_file_as_stored(gguf_file):
+    """``lmforge.load(file, dtype="int4")`` uses the file's integers; another group size requantizes."""
+    as_stored, _ = lmforge.load(gguf_file, dtype="int4")
+    direct, _ = load_gguf(gguf_file, int4=True)
+    for (name, a), (_, b) in zip(as_stored.named_buffers(), direct.named_buffers(), strict=True):
+        assert torch.equal(a, b), name
+    regrouped, _ = lmforge.load(gguf_file, dtype="int4", group_size=64)
+    assert regrouped.get_submodule("layers.0.ffn.fc1").group == 64
