@@ -177,9 +177,10 @@ class QuantizedLinear(nn.Module):
 
 
 def quantize(model: nn.Module, kind: str, group: int = GROUP) -> list[str]:
-    """Replace every float ``nn.Linear`` of ``model`` (on the CPU) by a ``QuantizedLinear`` in place; the names
-    of the layers left float (a shape the kernels cannot hold) with why. A tied LM head gets its own quantized
-    copy of the embedding matrix; the embedding keeps its float weight for lookups."""
+    """Replace every float ``nn.Linear`` of ``model`` (a CPU model: the loader checks, ``interop.directories``)
+    by a ``QuantizedLinear`` in place; the names of the layers left float (a shape the kernels cannot hold)
+    with why. A tied LM head gets its own quantized copy of the embedding matrix; the embedding keeps its float
+    weight for lookups."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
     if group not in GROUPS:
@@ -188,8 +189,7 @@ def quantize(model: nn.Module, kind: str, group: int = GROUP) -> list[str]:
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     with torch.no_grad():
         for name, linear in targets:
-            why = "not on the CPU" if linear.weight.device.type != "cpu" else \
-                unsupported(linear.out_features, linear.in_features, kind, group)
+            why = unsupported(linear.out_features, linear.in_features, kind, group)
             if why:
                 kept.append(f"{name} ({why})")
                 continue
