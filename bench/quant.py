@@ -6,7 +6,8 @@ and batch-1 decode speed on 1 and 2 threads, the configurations alternated round
 
 Configurations: fp32 (the file dequantized), int8 (every linear layer requantized per output channel from the
 dequantized weights), int4 (the file's Q4_1 integers as stored, group 32; the tied head, Q8_0 in the file,
-requantized to int4), and int4 with the head int8 or fp32 instead (the head is the largest matrix: 49152 x 576).
+requantized to int8: ``nn.quant.quantize``'s default), and int4 with the head int4 or fp32 instead (the head is
+the largest matrix: 49152 x 576).
 Perplexity: held-out Shakespeare (the first ``--tokens`` tokens of Hamlet after the Gutenberg header, scored in
 windows of 512). Agreement: greedy tokens over 128 new tokens from 3 prompts, no stop token, against fp32's.
 """
@@ -31,13 +32,13 @@ PROMPTS = ("To be, or not to be, that is the question:", "The capital of France 
 
 
 def load(config: str) -> torch.nn.Module:
-    """The model of one configuration: fp32, int8, int4, int4+head8 or int4+head32."""
+    """The model of one configuration: fp32, int8, int4 (its head int8), int4+head4 or int4+head32."""
     dtype, _, head = config.partition("+")
     model, _ = lmforge.load(smollm2_path(), dtype=dtype)
     if head:  # the tied head from the embedding's float32 rows, in the other format
         linear = torch.nn.Linear(model.config.d_model, model.config.vocab_size, bias=False)
         linear.weight = model.tok_emb.weight
-        model.lm_head.proj = linear if head == "head32" else QuantizedLinear.from_linear(linear, "int8")
+        model.lm_head.proj = linear if head == "head32" else QuantizedLinear.from_linear(linear, "int4")
     return model.eval()
 
 
@@ -64,7 +65,7 @@ def decode_speed(model: torch.nn.Module, prompt: torch.Tensor, new: int) -> floa
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", nargs="+", default=["fp32", "int8", "int4", "int4+head8", "int4+head32"])
+    p.add_argument("--configs", nargs="+", default=["fp32", "int8", "int4", "int4+head4", "int4+head32"])
     p.add_argument("--tokens", type=int, default=4096, help="tokens of held-out text scored")
     p.add_argument("--new", type=int, default=64, help="decoded tokens per speed round")
     p.add_argument("--rounds", type=int, default=3)

@@ -107,17 +107,23 @@ def llama() -> Decoder:
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_quantize_replaces_every_linear_and_names_those_it_cannot_hold(kind):
+def test_quantize_replaces_every_linear_and_makes_the_head_int8(kind):
+    """Every linear layer quantized; the head (300 rows: the vocabulary) int8 whatever the kind, its own copy of
+    the tied embedding, which keeps its float32 rows for lookups."""
     model = llama()
     embedding = model.tok_emb.weight.detach().clone()
-    kept = quantize(model, kind)
-    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
-    assert not any(isinstance(m, nn.Linear) for m in model.modules()) or kept
-    if kind == "int4":  # the 300-row head: not a multiple of 16
-        assert kept == ["lm_head.proj (out_features 300 is not a multiple of 16)"] and len(layers) == 8
-    else:  # the tied head gets its own int8 copy; the embedding keeps its float32 rows for lookups
-        assert kept == [] and len(layers) == 9
-        assert torch.equal(model.tok_emb.weight, embedding) and model.tok_emb.weight.dtype == torch.float32
+    assert quantize(model, kind) == []
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert len(layers) == 9 and not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert layers["lm_head.proj"].kind == "int8" and layers["layers.0.ffn.fc1"].kind == kind
+    assert torch.equal(model.tok_emb.weight, embedding) and model.tok_emb.weight.dtype == torch.float32
+
+
+def test_quantize_names_the_layers_it_leaves_float():
+    model = llama()
+    assert quantize(model, "int4", head="int4") == ["lm_head.proj (out_features 300 is not a multiple of 16)"]
+    assert quantize(llama(), "int4", head=None) == ["lm_head.proj (the head)"]
+    assert isinstance(model.lm_head.proj, nn.Linear)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

@@ -14,9 +14,10 @@ Reading gives Hugging Face Llama names and layout (``interop/llama.py`` maps tho
 
 Two things to undo. (1) Quantisation: blocks of 32 weights share a scale (and an offset), dequantized here to
 float32 (``gguf_file.dequantize``), or, asked for int4 layers (``load_gguf(int4=True)``, ``--dtype int4``), Q4_0
-and Q4_1 matrices kept as their integers: a block is an int4 group of 32 (``Int4Rows``, ``nn.quant``). (2) llama.cpp's converter permutes the rows of W_q and W_k: within each head it
-interleaves the two halves (rows [0, d/2) and [d/2, d)) so that its rotary code can rotate adjacent pairs; HF's
-and lmforge's rotate half against half, so the rows go back (``unpermute``; ``permute`` for writing).
+and Q4_1 matrices kept as their integers: a block is an int4 group of 32 (``Int4Rows``, ``nn.quant``).
+(2) llama.cpp's converter permutes the rows of W_q and W_k: within each head it interleaves the two halves
+(rows [0, d/2) and [d/2, d)) so that its rotary code can rotate adjacent pairs; HF's and lmforge's rotate half
+against half, so the rows go back (``unpermute``; ``permute`` for writing).
 
 A GGUF file carries no checksum: it is checked by its own sizes and loads as unverified. Nothing is allocated
 from a size it declares before that size is checked: the header against the file's length (``gguf_file``), the

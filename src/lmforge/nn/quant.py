@@ -20,8 +20,9 @@ differs by at most 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (th
 (K + 2) 2^-24 sum_k |x_k Ŵ_nk| (float32 accumulation and dequantization).
 
 ``quantize(model, "int4")`` replaces a model's ``nn.Linear`` layers in place, the tied LM head included (its own
-quantized copy; the embedding stays float for lookups): at batch 1 the 49152 x 576 head of SmolLM2 takes 7.2 ms
-in float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int4 on this 2-core machine (docs/models.md). A layer
+int8 copy; the embedding stays float for lookups): at batch 1 the 49152 x 576 head of SmolLM2 takes 7.2 ms in
+float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int4 on this 2-core machine, and an int4 head costs 7.3%
+of perplexity where an int8 one costs 0.003% (docs/models.md). A layer
 the kernels cannot hold stays float and is named in what ``quantize`` returns: int4 needs out_features a
 multiple of 16 and in_features a multiple of the group (32, 64, 128 or 256); int8 needs in_features a
 multiple of 16.
@@ -176,24 +177,30 @@ class QuantizedLinear(nn.Module):
                f"bias={self.bias is not None}"
 
 
-def quantize(model: nn.Module, kind: str, group: int = GROUP) -> list[str]:
+def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None = "int8") -> list[str]:
     """Replace every float ``nn.Linear`` of ``model`` (a CPU model: the loader checks, ``interop.directories``)
     by a ``QuantizedLinear`` in place; the names of the layers left float (a shape the kernels cannot hold)
     with why. A tied LM head gets its own quantized copy of the embedding matrix; the embedding keeps its float
-    weight for lookups."""
-    if kind not in KINDS:
-        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    weight for lookups.
+
+    head: the format of the layers that score the vocabulary (out_features = the rows of the model's largest
+    embedding: the LM head), None for float. int8 by default whatever ``kind``: on SmolLM2 an int4 head costs
+    7.3% of perplexity, an int8 one 0.003% (docs/models.md)."""
+    if kind not in KINDS or head not in (*KINDS, None):
+        raise ValueError(f"kind {kind!r} / head {head!r} is not one of {KINDS}")
     if group not in GROUPS:
         raise ValueError(f"group {group} is not one of {GROUPS}")
+    vocab = max((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)), default=None)
     kept = []
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     with torch.no_grad():
         for name, linear in targets:
-            why = unsupported(linear.out_features, linear.in_features, kind, group)
+            this = head if linear.out_features == vocab else kind
+            why = unsupported(linear.out_features, linear.in_features, this, group) if this else "the head"
             if why:
                 kept.append(f"{name} ({why})")
                 continue
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr,
-                    QuantizedLinear.from_linear(linear, kind, group))
+                    QuantizedLinear.from_linear(linear, this, group))
     return kept
