@@ -75,13 +75,14 @@ def test_quantized_weights_are_refused_off_the_cpu_in_one_line():
 
 
 # -- GGUF ---------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["q4_0", "q4_1"])
+@pytest.fixture(scope="module", params=["q4_0", "q4_1-tied"])
 def gguf_file(request, tmp_path_factory):
-    model = tiny_llama(tie=False)
+    """A tiny Llama in Q4_0 (its own head) or Q4_1 (the head tied to the embedding, as SmolLM2's)."""
+    model = tiny_llama(tie=request.param.endswith("tied"))
     path = tmp_path_factory.mktemp("gguf") / f"m-{request.param}.gguf"
     write_gguf(path, llama_config_from_decoder(model.config), llama_state_from_decoder(model.state_dict(),
                                                                                         model.config),
-               byte_tokenizer(), dtype=request.param)
+               byte_tokenizer(), dtype=request.param[:4])
     return path
 
 
@@ -97,8 +98,10 @@ def test_q4_blocks_become_int4_layers_without_being_dequantized(gguf_file, monke
     assert len(layers) == 2 * 4 and all(m.kind == "int4" and m.group == 32 for m in layers.values())
     floats = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert floats == ["lm_head.proj"]  # 300 rows: not a multiple of 16, so read as float32
-    assert sorted(set(read)) == ["F32", gguf_file.stem[-4:].upper()]  # the norms; the embedding (a lookup), the head
-    assert read.count(gguf_file.stem[-4:].upper()) == 2
+    kind, tied = gguf_file.stem[2:6].upper(), gguf_file.stem.endswith("tied")
+    assert sorted(set(read)) == ["F32", kind]  # the norms; the embedding (a lookup), an untied head
+    assert read.count(kind) == (1 if tied else 2)
+    assert (model.lm_head.proj.weight is model.tok_emb.weight) == tied
 
 
 def test_an_int4_layer_from_q4_blocks_gives_the_dequantized_weights_product(gguf_file):
@@ -143,3 +146,40 @@ def test_load_with_dtype_int4_keeps_a_gguf_q4_file_as_stored(gguf_file):
     assert as_stored.lm_head.proj.kind == "int8"  # the head: 300 rows, read as float32, then int8
     regrouped, _ = lmforge.load(gguf_file, dtype="int4", group_size=64)
     assert regrouped.get_submodule("layers.0.ffn.fc1").group == 64
+
+
+# -- convert --quantize ------------------------------------------------------------------------------------------
+def test_the_portable_form_rebuilds_the_same_layer():
+    for kind in ("int8", "int4"):
+        layer = QuantizedLinear.from_linear(nn.Linear(64, 48), kind)
+        again = QuantizedLinear.from_portable(kind, *layer.portable())
+        assert torch.equal(again.weight, layer.weight) and torch.equal(again.scales, layer.scales), kind
+        assert torch.equal(again.integers(), layer.integers())
+
+
+@pytest.mark.parametrize("source", ["directory", "gguf"])
+def test_convert_quantize_writes_a_checksummed_directory_that_loads_back_to_identical_layers(
+        source, model_dir, tmp_path, capsys):
+    """From a model directory, or a GGUF file (its Q4_1 kept as stored): the written directory (checksums
+    verified on load) gives the layers, and so the logits, of ``lmforge.load(source, dtype="int4")``."""
+    if source == "gguf":
+        model = tiny_llama(tie=True)
+        path = write_gguf(tmp_path / "m.gguf", llama_config_from_decoder(model.config),
+                          llama_state_from_decoder(model.state_dict(), model.config), byte_tokenizer(), dtype="q4_1")
+    else:
+        path = model_dir[0]
+    assert main(["convert", "--quantize", "int4", str(path), "--out", str(tmp_path / "q")]) == 0
+    capsys.readouterr()
+    assert "model.safetensors" in json.loads((tmp_path / "q" / "checksums.json").read_text())["files"]
+    back, tok = lmforge.load(tmp_path / "q")
+    direct, _ = lmforge.load(path, dtype="int4")
+    layers = [(name, m) for name, m in direct.named_modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 9
+    for name, layer in layers:
+        other = back.get_submodule(name)
+        assert (other.kind, other.group) == (layer.kind, layer.group)
+        assert torch.equal(other.weight, layer.weight) and torch.equal(other.scales, layer.scales), name
+    ids = torch.randint(3, 250, (1, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, direct(ids).logits)
+    assert tok is not None

@@ -348,12 +348,36 @@ def load_gguf(path: str | os.PathLike, int4: bool = False) -> tuple[torch.nn.Mod
     check_position_tables(config, model.path)
     state = decoder_state_from_llama(model.tensors(int4=int4), config, str(model.path))
     rows = {name: state.pop(name) for name in list(state) if isinstance(state[name], Int4Rows)}
-    decoder = Decoder(config)
+    decoder = unwritten_decoder(config) if rows else Decoder(config)
     load_weights(decoder, state, str(model.path), optional=tuple(rows))
     for name, values in rows.items():  # the float nn.Linear (its random weights) goes; the int4 layer comes
         parent, _, attr = name.removesuffix(".weight").rpartition(".")
         setattr(decoder.get_submodule(parent), attr, values.layer())
     return decoder.eval(), tokenizer
+
+
+def unwritten_decoder(config: Any) -> torch.nn.Module:
+    """A Decoder whose parameters are allocated but neither initialised nor written: the weights are about to be
+    loaded, and the float32 matrices that int4 layers replace are freed without ever becoming resident (no float32
+    copy of the model). The buffers a construction computes (the rotary tables) come from a real Decoder of one
+    layer and a one-token vocabulary; a model with computed buffers inside its layers is built for real."""
+    import dataclasses
+
+    from lmforge.models.decoder import Decoder
+
+    small = Decoder(dataclasses.replace(config, n_layers=1, vocab_size=1, bos_id=None, eos_id=None, pad_id=None))
+    computed = [name for name, _ in small.named_buffers() if name not in small.state_dict()]
+    if any(name.startswith("layers.") for name in computed):
+        return Decoder(config)
+    with torch.device("meta"):
+        decoder = Decoder(config)
+    decoder.to_empty(device="cpu")
+    if config.tie_embeddings:  # to_empty gave the two their own tensors
+        decoder.lm_head.tie(decoder.tok_emb)
+    for name in computed:
+        owner, _, attr = name.rpartition(".")
+        setattr(decoder.get_submodule(owner), attr, small.get_buffer(name))
+    return decoder
 
 
 # -- writing --------------------------------------------------------------------------------------------------

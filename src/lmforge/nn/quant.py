@@ -140,7 +140,8 @@ class QuantizedLinear(nn.Module):
         return cls.int4(*quantize_int4(w, group), group=group, bias=linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xb = aligned(x.reshape(-1, self.in_features).to(torch.bfloat16))  # (M, K)
+        rows = x.reshape(-1, self.in_features)
+        xb = rows.new_empty(rows.shape, dtype=torch.bfloat16).copy_(rows)  # (M, K): a fresh, aligned copy
         scales = self.scales.to(torch.bfloat16)  # no copy; bfloat16 again after a model.float()
         if self.kind == "int8":
             y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, scales)
@@ -171,10 +172,39 @@ class QuantizedLinear(nn.Module):
         w = (q.reshape(n, k // self.group, self.group) - 8) * s.T[..., None] + z.T[..., None]
         return w.reshape(n, k).float()
 
+    def portable(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, scales) in the form a file keeps, whatever this CPU's packed layout: int8 q (N, K) and
+        scales (N,); int4 q two a byte (N, K / 2) uint8, column 2i in the low nibble and 2i + 1 in the high,
+        and (N, K / group, 2) scale-zero pairs. ``from_portable`` is the inverse."""
+        if self.kind == "int8":
+            return self.weight, self.scales.to(torch.bfloat16)
+        q = self.integers().to(torch.uint8)  # (N, K)
+        return q[:, 0::2] | (q[:, 1::2] << 4), self.scales.to(torch.bfloat16).transpose(0, 1).contiguous()
+
+    @classmethod
+    def from_portable(cls, kind: str, weight: torch.Tensor, scales: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> QuantizedLinear:
+        """The layer of what ``portable`` gave (repacked for this CPU's kernel; int4's group from the shapes)."""
+        if kind == "int8":
+            return cls.int8(weight, scales, bias)
+        q = torch.stack([weight & 0x0F, weight >> 4], dim=-1).reshape(weight.shape[0], -1)  # (N, K)
+        return cls.int4(q, scales[..., 0], scales[..., 1], q.shape[1] // scales.shape[1], bias)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """``state_dict()`` holds the portable form (``portable``), so a saved model loads on any CPU."""
+        destination[prefix + "weight"], destination[prefix + "scales"] = self.portable()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
     def extra_repr(self) -> str:
         group = f", group={self.group}" if self.kind == "int4" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}{group}, " \
                f"bias={self.bias is not None}"
+
+
+def layout(model: nn.Module) -> dict[str, str]:
+    """{layer name: "int8" | "int4"} of a model's quantized layers (what a saved directory's config.json keeps)."""
+    return {name: m.kind for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
 
 
 def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None = "int8") -> list[str]:

@@ -48,6 +48,8 @@ def write_model(source: Path, to: str, out: Path):
 
     if to == "lmforge" and source.suffix == ".gguf":
         return gguf_in(source, out), out
+    if to in ("int8", "int4"):
+        return quantized_out(source, to, out), out
     if to == "lmforge":
         out = convert_from_hf(source, out)
         return load_pretrained(out), out  # the written directory reads back
@@ -74,6 +76,17 @@ def gguf_in(source: Path, out: Path):
     model, tokenizer = load_gguf(source)
     save_pretrained(model, out, tokenizer)
     return model
+
+
+def quantized_out(source: Path, kind: str, out: Path):
+    """Any model ``lmforge.load`` reads (a GGUF file's Q4_0 / Q4_1 kept as stored with int4) -> an lmforge
+    directory of int8 / int4 layers (nn.quant; config.json's ``quantized`` names them), checksummed; read back."""
+    from lmforge.interop.directories import load
+    from lmforge.models.registry import load_pretrained, save_pretrained
+
+    model, tokenizer = load(source, dtype=kind)
+    save_pretrained(model, out, tokenizer)
+    return load_pretrained(out)
 
 
 def gguf_out(source: Path, out: Path, options: ConvertOptions):
