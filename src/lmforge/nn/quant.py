@@ -21,8 +21,8 @@ differs by at most 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (th
 
 ``quantize(model, "int4")`` replaces a model's ``nn.Linear`` layers in place, the tied LM head included (its own
 int8 copy; the embedding stays float for lookups): at batch 1 the 49152 x 576 head of SmolLM2 takes 7.2 ms in
-float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int4 on this 2-core machine, and an int4 head costs 7.3%
-of perplexity where an int8 one costs 0.003% (docs/models.md). A layer
+float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int4 on this 2-core machine, and an int4 head costs 7.5%
+of perplexity where an int8 one costs ~0.2% (docs/models.md). A layer
 the kernels cannot hold stays float and is named in what ``quantize`` returns: int4 needs out_features a
 multiple of 16 and in_features a multiple of the group (32, 64, 128 or 256); int8 needs in_features a
 multiple of 16.
@@ -215,7 +215,7 @@ def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None =
 
     head: the format of the layers that score the vocabulary (out_features = the rows of the model's largest
     embedding: the LM head), None for float. int8 by default whatever ``kind``: on SmolLM2 an int4 head costs
-    7.3% of perplexity, an int8 one 0.003% (docs/models.md)."""
+    7.5% of perplexity, an int8 one ~0.2% (docs/models.md)."""
     if kind not in KINDS or head not in (*KINDS, None):
         raise ValueError(f"kind {kind!r} / head {head!r} is not one of {KINDS}")
     if group not in GROUPS:
