@@ -17,7 +17,7 @@ from lmforge.interop.directories import check_dtype
 from lmforge.interop.gguf import load_gguf, read_gguf, write_gguf
 from lmforge.interop.gguf_file import int4_blocks
 from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
-from lmforge.models import Decoder, get_preset
+from lmforge.models import Decoder, build_model, get_preset
 from lmforge.models.registry import save_pretrained
 from lmforge.nn.quant import QuantizedLinear
 from lmforge.reference.quant import quantized_linear
@@ -66,6 +66,32 @@ def test_generate_dtype_quantizes_and_its_greedy_tokens_follow_fp32(model_dir, c
         both = torch.tensor([prompt[0].tolist() + ids])
         a, b = model(both).logits, quantized(both).logits
     assert (a - b).pow(2).mean().sqrt() < {"int8": 0.02, "int4": 0.3}[dtype] * a.std()
+
+
+def test_embed_and_evaluate_load_quantized_weights(model_dir, tmp_path, capsys):
+    """``embed --dtype int8`` (a BERT-shaped encoder, biases and all) gives the embeddings of the int8 model,
+    near fp32's; ``evaluate --dtype int4`` scores text with the int4 model."""
+    from lmforge.tokenizers import WordPieceTokenizer
+    from lmforge.workflows.embed import embed
+
+    texts = ["the king spoke to the queen", "a man and a woman walked home"]
+    wp = WordPieceTokenizer.train(texts * 5, vocab_size=120, min_frequency=1)
+    torch.manual_seed(0)
+    bert = build_model(get_preset("bert-tiny", vocab_size=wp.vocab_size, max_positions=64)).eval()
+    encoder = save_pretrained(bert, tmp_path / "bert", wp)
+    assert main(["embed", "--model", str(encoder), "--dtype", "int8", "--out", str(tmp_path / "v.npy"), *texts]) == 0
+    quantized, tok = lmforge.load(encoder, dtype="int8")
+    assert any(isinstance(m, QuantizedLinear) for m in quantized.modules())
+    got = np.load(tmp_path / "v.npy")
+    np.testing.assert_array_equal(got, embed(quantized, tok, texts))
+    floats = embed(*lmforge.load(encoder), texts)
+    cosine = (got * floats).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(floats, axis=1)
+    assert (cosine > 0.999).all()
+    (tmp_path / "text.txt").write_text("the cat sat on the mat while the dog slept\n" * 4)
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(model_dir[0]), "--data", str(tmp_path / "text.txt"), "--dtype",
+                 "int4"]) == 0
+    assert "perplexity" in capsys.readouterr().out
 
 
 def test_quantized_weights_are_refused_off_the_cpu_in_one_line():

@@ -83,8 +83,8 @@ INT4_TYPES = ("Q4_0", "Q4_1")  # blocks of 32 that are int4 groups of 32 as they
 @dataclass
 class Int4Rows:
     """A Q4_0 / Q4_1 matrix kept as integers: W = s (q - 8) + z per group of 32 (Q4_0: s = d, z = 0; Q4_1:
-    s = d, z = m + 8 d). q (N, K) uint8, s and z (N, K / 32) float32; rows can be reordered and stacked like a
-    tensor's (``rows``, ``stack``), which is all the Llama mapping does to a matrix."""
+    s = d, z = m + 8 d). q (N, K) uint8, s and z (N, K / 32) float32, rows in each: reordering the rows
+    (``unpermute``, on each) and stacking them (``stack``) is all the Llama mapping does to a matrix."""
 
     q: torch.Tensor
     scales: torch.Tensor
@@ -350,7 +350,7 @@ def load_gguf(path: str | os.PathLike, int4: bool = False) -> tuple[torch.nn.Mod
     rows = {name: state.pop(name) for name in list(state) if isinstance(state[name], Int4Rows)}
     decoder = unwritten_decoder(config) if rows else Decoder(config)
     load_weights(decoder, state, str(model.path), optional=tuple(rows))
-    for name, values in rows.items():  # the float nn.Linear (its random weights) goes; the int4 layer comes
+    for name, values in rows.items():  # the float nn.Linear (never written) goes; the int4 layer comes
         parent, _, attr = name.removesuffix(".weight").rpartition(".")
         setattr(decoder.get_submodule(parent), attr, values.layer())
     return decoder.eval(), tokenizer
