@@ -209,3 +209,13 @@ def test_convert_quantize_writes_a_checksummed_directory_that_loads_back_to_iden
     with torch.no_grad():
         assert torch.equal(back(ids).logits, direct(ids).logits)
     assert tok is not None
+
+
+def test_serve_opens_the_model_quantized(model_dir):
+    from lmforge.workflows.options import ServeOptions, Weights
+    from lmforge.workflows.serving import ModelService
+
+    service = ModelService.open(model_dir[0], ServeOptions(slots=2), engine_thread=False,
+                                weights=Weights(dtype="int4"))
+    assert sum(isinstance(m, QuantizedLinear) for m in service.model.modules()) == 9
+    assert service.lm.engine.runner.packed  # exact rows a step; the quantized layers are not packed again
