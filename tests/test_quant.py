@@ -54,6 +54,16 @@ def test_int4_weights_lie_within_half_a_step_of_their_dequantized_values(group):
     assert err[0].max() == 0
 
 
+def test_rows_quantized_in_blocks_equal_rows_quantized_at_once(monkeypatch):
+    import lmforge.nn.quant as quant
+
+    w = weights(48, 64, 5)
+    whole = quantize_int8(w), quantize_int4(w)
+    monkeypatch.setattr(quant, "ROWS_AT_ONCE", 7)
+    for a, b in zip(whole, (quantize_int8(w), quantize_int4(w)), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 def test_the_int4_kernels_layout_reads_back_the_same_integers_and_weights():
     w = weights(32, 64, 2)
     q, s, z = quantize_int4(w)

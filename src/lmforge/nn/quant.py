@@ -30,6 +30,9 @@ multiple of 16.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -51,15 +54,30 @@ def bf16_at_least(t: torch.Tensor) -> torch.Tensor:
     return torch.where(down.double() >= t, down, up)
 
 
+ROWS_AT_ONCE = 4096  # rows quantized together: the float64 work of a 49152-row head stays ~20 MB, not 230
+
+
+def by_rows(quantizer: Callable) -> Callable:
+    """``quantizer`` applied to blocks of ROWS_AT_ONCE rows, the results stacked (each row is independent)."""
+    @functools.wraps(quantizer)
+    def apply(w: torch.Tensor, *args: int) -> tuple[torch.Tensor, ...]:
+        parts = [quantizer(block, *args) for block in w.detach().split(ROWS_AT_ONCE)]
+        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+
+    return apply
+
+
+@by_rows
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """W (N, K) -> (q int8 (N, K), scales bfloat16 (N,)) with |W - s q| <= s / 2: s >= max |W[n]| / 127."""
-    w = w.detach().double()
+    w = w.double()
     scales = bf16_at_least(w.abs().amax(dim=1) / 127)
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # a row of zeros: any scale
     q = torch.round(w / scales.double()[:, None]).clamp(-127, 127)
     return q.to(torch.int8), scales
 
 
+@by_rows
 def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """W (N, K) -> (q (N, K) int32 in [0, 15], scales, zeros bfloat16 (N, K / group)), |W - Ŵ| <= s / 2.
 
@@ -68,7 +86,7 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, to
     2 e / 15 with e = 2^-7 (max(|lo|, |hi|) + s0): the grid then has room 2 e to spare, more than twice the
     rounding of z (<= 2^-8 |z|), and z, rounded from the middle of the room, keeps lo..hi inside."""
     n, k = w.shape
-    g = w.detach().double().reshape(n, k // group, group)  # (N, K/g, g)
+    g = w.double().reshape(n, k // group, group)  # (N, K/g, g)
     lo, hi = g.amin(dim=2), g.amax(dim=2)  # (N, K/g)
     s0 = (hi - lo) / 15
     room = 2 ** -7 * (torch.maximum(lo.abs(), hi.abs()) + s0)
