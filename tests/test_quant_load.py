@@ -194,7 +194,9 @@ def test_convert_quantize_writes_a_checksummed_directory_that_loads_back_to_iden
                           llama_state_from_decoder(model.state_dict(), model.config), byte_tokenizer(), dtype="q4_1")
     else:
         path = model_dir[0]
-    assert main(["convert", "--quantize", "int4", str(path), "--out", str(tmp_path / "q")]) == 0
+    assert main(["convert", "--quantize", str(path), "--out", str(tmp_path / "q")]) != 0
+    assert "--quantize: give --dtype int8 or --dtype int4" in capsys.readouterr().err
+    assert main(["convert", "--quantize", str(path), "--dtype", "int4", "--out", str(tmp_path / "q")]) == 0
     capsys.readouterr()
     assert "model.safetensors" in json.loads((tmp_path / "q" / "checksums.json").read_text())["files"]
     back, tok = lmforge.load(tmp_path / "q")
