@@ -26,6 +26,9 @@ of perplexity where an int8 one costs ~0.2% (docs/models.md). A layer
 the kernels cannot hold stays float and is named in what ``quantize`` returns: int4 needs out_features a
 multiple of 16 and in_features a multiple of the group (32, 64, 128 or 256); int8 needs in_features a
 multiple of 16.
+
+Saved, a layer's ``state_dict`` holds a form no CPU's packed layout shapes (``portable``: int4 two to a byte);
+``from_portable`` repacks it, and ``layout(model)`` names the quantized layers for a directory's config.json.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ KINDS = ("int8", "int4")
 GROUP = 32  # int4's default group: GGUF's block of 32 weights
 GROUPS = (32, 64, 128, 256)  # what the int4 kernel accepts
 ALIGN = 64  # bytes: the int8 kernel reads rows with aligned loads
+ROWS_AT_ONCE = 4096  # rows quantized together: the float64 work of a 49152-row head stays ~20 MB, not 230
 
 
 # -- choosing the integers ------------------------------------------------------------------------------------
@@ -52,9 +56,6 @@ def bf16_at_least(t: torch.Tensor) -> torch.Tensor:
     down = t.to(torch.bfloat16)
     up = (down.view(torch.int16) + 1).view(torch.bfloat16)  # the next bfloat16 above a positive one
     return torch.where(down.double() >= t, down, up)
-
-
-ROWS_AT_ONCE = 4096  # rows quantized together: the float64 work of a 49152-row head stays ~20 MB, not 230
 
 
 def by_rows(quantizer: Callable) -> Callable:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
