@@ -25,7 +25,7 @@ PACKAGED = sorted(RECIPES.glob("*.yaml"))
 # The flags that are not settings: paths, texts to work on, output switches (the "paths, --config, --quiet").
 NOT_SETTINGS = {"help", "config", "print_config", "quiet", "overrides", "model", "out", "prompt", "json", "text",
                 "ids", "files", "tokenizer", "data", "png", "eval", "align", "target", "query", "similar", "analogy",
-                "overwrite", "from_hf", "to_hf", "to_peft", "merge", "chat", "from_gguf", "to_gguf",
+                "overwrite", "from_hf", "to_hf", "to_peft", "merge", "chat", "from_gguf", "to_gguf", "quantize",
                 "tasks", "fewshot"}  # paths and texts: the rest are settings
 
 

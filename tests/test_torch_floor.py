@@ -36,7 +36,8 @@ SINCE_TEXT = {
                is_grad_enabled isfinite isin load log log_softmax lstm manual_seed matmul no_grad nonzero ones
                ones_like save set_num_threads set_rng_state sigmoid sin softmax sort stack tanh tanh_ tensor where
                zeros zeros_like
-        torch: bfloat16 bool float16 float32 float64 int32 int64 long uint8 addmm
+        torch: bfloat16 bool float16 float32 float64 int8 int16 int32 int64 long uint8
+        torch: eye maximum round addmm
         torch.add: (alpha=)
         torch.mul: (out=)
         torch._dynamo: mark_dynamic
@@ -79,6 +80,7 @@ SINCE_TEXT = {
                                                  set_optimizer_state_dict set_model_state_dict
     """,
     (2, 3): """
+        torch.ops.aten: _weight_int8pack_mm
         torch.amp: GradScaler
         torch.compiler: is_compiling
         torch: get_default_device
@@ -98,6 +100,7 @@ SINCE_TEXT = {
         torch.nn.attention.flex_attention: flex_attention create_block_mask
     """,
     (2, 6): """
+        torch.ops.aten: _convert_weight_to_int4pack_for_cpu _weight_int4pack_mm_for_cpu
         torch: accelerator
         torch.compiler: set_stance
         torch.distributed.fsdp: fully_shard
@@ -108,7 +111,9 @@ SINCE_TEXT = {
 }
 # Notes on the non-obvious rows: fused=True on CPU (AdamW) is pytorch#123074, in 2.4 (CUDA had it since 2.0);
 # torch._dynamo.config.recompile_limit is the 2.7 name of cache_size_limit (2.6 raises AttributeError on it);
-# torch.ops.mkldnn's private kernels are older than 2.0 and the code checks for them with hasattr.
+# torch.ops.mkldnn's private kernels are older than 2.0 and the code checks for them with hasattr;
+# aten._weight_int8pack_mm (CPU, weight-only int8) came in 2.3 (pytorch#120985); the CPU int4 pair split from
+# _weight_int4pack_mm / _convert_weight_to_int4pack into *_for_cpu in 2.6 (torchao switches to them there).
 
 
 def parse_table(text_by_release: dict[tuple[int, int], str]) -> dict[str, tuple[int, int]]:

@@ -45,16 +45,18 @@ if TYPE_CHECKING:
 
 
 def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
-         verify: bool | None = None) -> tuple[nn.Module, Any]:
+         verify: bool | None = None, dtype: str | None = None, group_size: int = 32) -> tuple[nn.Module, Any]:
     """(model, tokenizer) from a model directory: lmforge's own, a Hugging Face BERT / GPT-2 one, or an adapter.
 
     The model is in eval mode. The tokenizer is ``None`` when the directory holds no tokenizer file
     (or when ``tokenizer=False``). The files are checked against the directory's ``checksums.json``
-    when it has one (``verify=False`` skips that, for huge models). See ``lmforge.interop.directories``.
+    when it has one (``verify=False`` skips that, for huge models). ``dtype``: None (as read: float32), fp32,
+    bf16, fp16, or int8 / int4 (weight-only quantized linear layers on the CPU, ``lmforge.nn.quant``;
+    ``group_size`` for int4). See ``lmforge.interop.directories``.
     """
     from lmforge.interop.directories import load as load_directory
 
-    return load_directory(path, device, tokenizer, verify)
+    return load_directory(path, device, tokenizer, verify, dtype, group_size)
 
 
 __all__ = ["__version__", "load"]

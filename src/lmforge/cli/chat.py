@@ -19,14 +19,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from lmforge.cli.common import Settings, add_quiet, add_settings
+from lmforge.cli.common import Settings, add_quiet, add_settings, load_options
 from lmforge.generation.options import GenerateOptions
 from lmforge.schema import Recipe
-from lmforge.workflows.options import ChatOptions, Runtime, TemplateOptions
+from lmforge.workflows.options import ChatOptions, Runtime, TemplateOptions, Weights
 
 SETTINGS = Settings(Recipe({"generate": GenerateOptions, "chat": ChatOptions, "template": TemplateOptions,
-                            "runtime": Runtime}),
-                    flags=("generate", "chat", "template", "runtime"), defaults={"generate.max_new_tokens": 256},
+                            "runtime": Runtime, "weights": Weights}),
+                    flags=("generate", "chat", "template", "runtime", "weights"),
+                    defaults={"generate.max_new_tokens": 256},
                     exclude=("generate.beams", "generate.length_penalty", "generate.batch_size"))
 
 
@@ -36,7 +37,7 @@ def run_chat(args: argparse.Namespace) -> int:
     from lmforge.workflows.chat import ChatFormat, chat_lm, read_conversation, reply
 
     options = args.settings["generate"]
-    model, tokenizer = load(args.model, device=args.settings["runtime"].device)
+    model, tokenizer = load(args.model, **load_options(args))
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer")
     fmt = ChatFormat(tokenizer, args.model, args.settings["template"].limits())

@@ -50,6 +50,16 @@ class Settings:
     overrides: bool = False
 
 
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``lmforge.load``'s keywords from a command's settings: the device (runtime) and, where the command has
+    a weights section, the weights' dtype and int4 group size."""
+    weights = args.settings.get("weights")
+    out = {"device": args.settings["runtime"].device}
+    if weights is not None:
+        out.update(dtype=weights.dtype, group_size=weights.group_size)
+    return out
+
+
 def add_settings(p: argparse.ArgumentParser, settings: Settings) -> None:
     """Flags derived from the settings' fields, plus ``--config`` and ``--print-config`` (and KEY=VALUE)."""
     p.add_argument("--config", metavar="YAML", help="settings from a YAML file of sections (" +

@@ -11,11 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
+from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines, load_options
 from lmforge.errors import LmforgeError
 from lmforge.schema import Recipe
 from lmforge.workflows.finetune_args import FINETUNE
-from lmforge.workflows.options import EvaluateOptions, Runtime, TextInput
+from lmforge.workflows.options import EvaluateOptions, Runtime, TextInput, Weights
 
 
 def run_finetune(args) -> int:
@@ -42,13 +42,13 @@ def run_evaluate(args) -> int:
     from lmforge.train.scores import format_report
     from lmforge.workflows.finetune import evaluate_model
 
-    options, device = args.settings["evaluate"], args.settings["runtime"].device
+    options = args.settings["evaluate"]
     if bool(args.tasks) == bool(args.data):
         raise LmforgeError("evaluate: give --data FILE (a classifier's labels, a language model's text) or "
                            "--tasks FILE.jsonl ... (a chat model's tasks), one of the two")
     if args.png:
         claim_file(args.png, args.overwrite, inputs=[args.data], what="--png")  # before the model is loaded
-    model, tok = load(args.model, device=device)
+    model, tok = load(args.model, **load_options(args))
     if args.tasks:
         from lmforge.workflows.chat_eval import evaluate_tasks
 
@@ -100,7 +100,8 @@ def run_predict(args) -> int:
 
 FINETUNE_SETTINGS = Settings(Recipe({**FINETUNE.sections, "runtime": Runtime}, FINETUNE.fixed),
                              flags=("finetune", "runtime"), exclude=("runtime.device",), overrides=True)
-EVALUATE_SETTINGS = Settings(Recipe({"evaluate": EvaluateOptions, "runtime": Runtime}), flags=("evaluate", "runtime"))
+EVALUATE_SETTINGS = Settings(Recipe({"evaluate": EvaluateOptions, "runtime": Runtime, "weights": Weights}),
+                             flags=("evaluate", "runtime", "weights"))
 PREDICT_SETTINGS = Settings(Recipe({"input": TextInput, "runtime": Runtime}), flags=("input", "runtime"))
 
 

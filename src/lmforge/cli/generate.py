@@ -24,13 +24,13 @@ import json
 import sys
 import time
 
-from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines
+from lmforge.cli.common import Settings, add_quiet, add_settings, input_lines, load_options
 from lmforge.generation.options import GenerateOptions
 from lmforge.schema import Recipe
-from lmforge.workflows.options import Runtime, TextInput
+from lmforge.workflows.options import Runtime, TextInput, Weights
 
-SETTINGS = Settings(Recipe({"generate": GenerateOptions, "input": TextInput, "runtime": Runtime}),
-                    flags=("generate", "input", "runtime"))
+SETTINGS = Settings(Recipe({"generate": GenerateOptions, "input": TextInput, "runtime": Runtime, "weights": Weights}),
+                    flags=("generate", "input", "runtime", "weights"))
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -43,7 +43,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from lmforge.models.interfaces import generates_text, is_encoder_decoder, special_ids
 
     opts: GenerateOptions = args.settings["generate"]
-    model, tokenizer = load(args.model, device=args.settings["runtime"].device)
+    model, tokenizer = load(args.model, **load_options(args))
     if tokenizer is None:
         raise LmforgeError(f"--model: {args.model} has no tokenizer file (tokenizer.json)")
     if not generates_text(model):  # an encoder cannot generate

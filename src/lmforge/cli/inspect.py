@@ -21,15 +21,15 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.cli.common import FILE_OVERWRITE_HELP, Settings, add_quiet, add_settings, input_lines
+from lmforge.cli.common import FILE_OVERWRITE_HELP, Settings, add_quiet, add_settings, input_lines, load_options
 from lmforge.errors import LmforgeError
 from lmforge.schema import Recipe
-from lmforge.workflows.options import AttentionOptions, EmbedOptions, Runtime, TextInput
+from lmforge.workflows.options import AttentionOptions, EmbedOptions, Runtime, TextInput, Weights
 
 ATTENTION = Settings(Recipe({"attention": AttentionOptions, "input": TextInput, "runtime": Runtime}),
                      flags=("attention", "input", "runtime"))
-EMBED = Settings(Recipe({"embed": EmbedOptions, "input": TextInput, "runtime": Runtime}),
-                 flags=("embed", "input", "runtime"))
+EMBED = Settings(Recipe({"embed": EmbedOptions, "input": TextInput, "runtime": Runtime, "weights": Weights}),
+                 flags=("embed", "input", "runtime", "weights"))
 
 
 def _out_for(out: Path, n: int, total: int) -> Path:
@@ -46,7 +46,7 @@ def _load(args: argparse.Namespace):
     from lmforge import load
 
     path = args.model
-    model, tokenizer = load(path, device=args.settings["runtime"].device)
+    model, tokenizer = load(path, **load_options(args))
     if tokenizer is None:
         raise LmforgeError(f"--model: {path} has no tokenizer file (tokenizer.json or vocab.txt)")
     return model, tokenizer

@@ -18,10 +18,10 @@ import sys
 
 from lmforge.cli.common import Settings, add_quiet, add_settings
 from lmforge.schema import Recipe
-from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions
+from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions, Weights
 
-SETTINGS = Settings(Recipe({"serve": ServeOptions, "runtime": Runtime, "template": TemplateOptions}),
-                    flags=("serve", "runtime", "template"))
+SETTINGS = Settings(Recipe({"serve": ServeOptions, "runtime": Runtime, "template": TemplateOptions,
+                            "weights": Weights}), flags=("serve", "runtime", "template", "weights"))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -36,7 +36,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     options: ServeOptions = args.settings["serve"]
     service = ModelService.open(args.model, options, args.settings["runtime"], engine_thread=False,  # run() steps it
-                                template=args.settings["template"])
+                                template=args.settings["template"], weights=args.settings["weights"])
     stopped = run(service, options)
     if stopped is not None:
         print(f"lmforge serve: stopped by {signal.Signals(stopped).name} after the requests in flight",

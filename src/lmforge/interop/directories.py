@@ -59,8 +59,11 @@ def has_tokenizer(folder: str | os.PathLike) -> bool:
 
 
 def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
-         verify: bool | None = None) -> tuple[nn.Module, Any]:
+         verify: bool | None = None, dtype: str | None = None, group_size: int = 32) -> tuple[nn.Module, Any]:
     """(model in eval mode, tokenizer or None) from any model directory (see the module docstring).
+
+    dtype: the weights once loaded (``with_dtype``; None: as read, float32); a GGUF file's Q4_0 / Q4_1
+    matrices go straight into int4 layers with ``dtype="int4"`` (and the default group of 32, its blocks).
 
     verify: check the files against the directory's ``checksums.json`` first (default: yes, unless
     ``--no-verify``); a directory without one (Hugging Face, older lmforge) loads unverified. A
@@ -79,14 +82,17 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
 
         info(f"{folder}: a GGUF file carries no checksums; every size it declares is checked against the file "
              "and the model it describes")
-        model, tok = load_gguf(folder)
-        return (model.to(device) if device is not None else model), (tok if tokenizer else None)
+        check_dtype(dtype, device)
+        model, tok = load_gguf(folder, int4=dtype == "int4" and group_size == 32)
+        model = model.to(device) if device is not None else model
+        return with_dtype(model, dtype, group_size), (tok if tokenizer else None)
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory (nor a .gguf file)")
+    check_dtype(dtype, device)
     verified = verify_directory(folder, verify)
     if (folder / ADAPTER_CONFIG).is_file():  # LoRA / adapter output of `lmforge finetune`
         model, tok, _ = load_finetuned(folder, device, verify=False)  # verified above
-        return model, tok
+        return with_dtype(model, dtype, group_size), tok
     if not (folder / "config.json").exists():
         raise LmforgeError(f"{folder}: no config.json (not a model directory)")
     model = load_hf(folder, device) if is_hf_dir(folder) else load_pretrained(folder, device)
@@ -102,8 +108,40 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
         tok = load_tokenizer(where, False if verified and where == folder else verify,
                              manifest_required=where != folder)
         check_vocabulary(tok, model, where)
-    return model, tok
+    return with_dtype(model, dtype, group_size), tok
 
+
+QUANTIZED = ("int8", "int4")
+
+
+def check_dtype(dtype: str, device: Any) -> None:
+    """int8 / int4 run on torch's CPU kernels only: one line before anything is read otherwise."""
+    if dtype in QUANTIZED and device is not None and getattr(device, "type", str(device)) != "cpu":
+        raise LmforgeError(f"--dtype {dtype}: quantized weights run on the CPU only (torch's CPU kernels); use "
+                           "--device cpu, or --dtype bf16 on a GPU")
+
+
+def with_dtype(model: nn.Module, dtype: str | None, group_size: int = 32) -> nn.Module:
+    """``model`` in ``dtype`` (None: as it is): fp32 / bf16 / fp16 cast; int8 / int4 its float ``nn.Linear``
+    layers quantized in place (``nn.quant.quantize``; activations and everything else as they were: float32
+    from every loader), those the kernels cannot hold named on standard error."""
+    import torch
+
+    from lmforge.nn.quant import quantize
+
+    if dtype is None:
+        return model
+    if dtype not in QUANTIZED:  # cast only when a parameter differs: a cast also rounds the float64 rotary tables
+        target = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        return model.to(target) if any(p.dtype != target for p in model.parameters()) else model
+    check_dtype(dtype, next(model.parameters()).device)
+    kept = quantize(model, dtype, group_size)
+    if kept:
+        from lmforge.train.logs import info
+
+        info(f"--dtype {dtype}: {len(kept)} layer(s) stay float32: {', '.join(kept[:3])}"
+             f"{' ...' if len(kept) > 3 else ''}")
+    return model
 
 def check_vocabulary(tok: Any, model: nn.Module, where: Path) -> None:
     """A tokenizer with ids the model has no embedding row for is refused (it would fail, or read garbage,

@@ -13,9 +13,11 @@ Reading gives Hugging Face Llama names and layout (``interop/llama.py`` maps tho
     output -> lm_head                    blk.i.attn_norm, ffn_norm -> input_layernorm, post_attention_layernorm
 
 Two things to undo. (1) Quantisation: blocks of 32 weights share a scale (and an offset), dequantized here to
-float32 (``gguf_file.dequantize``). (2) llama.cpp's converter permutes the rows of W_q and W_k: within each head it
-interleaves the two halves (rows [0, d/2) and [d/2, d)) so that its rotary code can rotate adjacent pairs; HF's
-and lmforge's rotate half against half, so the rows go back (``unpermute``; ``permute`` for writing).
+float32 (``gguf_file.dequantize``), or, asked for int4 layers (``load_gguf(int4=True)``, ``--dtype int4``), Q4_0
+and Q4_1 matrices kept as their integers: a block is an int4 group of 32 (``Int4Rows``, ``nn.quant``).
+(2) llama.cpp's converter permutes the rows of W_q and W_k: within each head it interleaves the two halves
+(rows [0, d/2) and [d/2, d)) so that its rotary code can rotate adjacent pairs; HF's and lmforge's rotate half
+against half, so the rows go back (``unpermute``; ``permute`` for writing).
 
 A GGUF file carries no checksum: it is checked by its own sizes and loads as unverified. Nothing is allocated
 from a size it declares before that size is checked: the header against the file's length (``gguf_file``), the
@@ -35,7 +37,7 @@ import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path
-from lmforge.interop.gguf_file import BLOCK, TYPES, GGUFFile, dequantize, read_header
+from lmforge.interop.gguf_file import BLOCK, TYPES, GGUFFile, dequantize, int4_blocks, read_header
 
 LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -75,6 +77,41 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 # -- reading --------------------------------------------------------------------------------------------------
+INT4_TYPES = ("Q4_0", "Q4_1")  # blocks of 32 that are int4 groups of 32 as they stand
+
+
+@dataclass
+class Int4Rows:
+    """A Q4_0 / Q4_1 matrix kept as integers: W = s (q - 8) + z per group of 32 (Q4_0: s = d, z = 0; Q4_1:
+    s = d, z = m + 8 d). q (N, K) uint8, s and z (N, K / 32) float32, rows in each: reordering the rows
+    (``unpermute``, on each) and stacking them (``stack``) is all the Llama mapping does to a matrix."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.q.shape)
+
+    @staticmethod
+    def stack(parts: list[Int4Rows]) -> Int4Rows:
+        """The rows of ``parts`` one after the other (as ``torch.cat(dim=0)``)."""
+        return Int4Rows(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scales", "zeros")))
+
+    def dequantized(self) -> torch.Tensor:
+        """W (N, K) float32, for a matrix stacked with a float one (a file mixing types)."""
+        n, k = self.shape
+        q = self.q.reshape(n, k // BLOCK, BLOCK).float() - 8
+        return (q * self.scales[..., None] + self.zeros[..., None]).reshape(n, k)
+
+    def layer(self) -> torch.nn.Module:
+        """The int4 layer of these integers (group 32); scales and zeros become bfloat16, the kernel's."""
+        from lmforge.nn.quant import QuantizedLinear
+
+        return QuantizedLinear.int4(self.q, self.scales, self.zeros, group=BLOCK)
+
+
 @dataclass
 class GGUFModel:
     """What a GGUF file describes: the architecture, a Hugging Face Llama config, the tokenizer's metadata, the
@@ -90,9 +127,10 @@ class GGUFModel:
     def chat_template(self) -> str | None:
         return self.metadata.get("tokenizer.chat_template")
 
-    def tensors(self) -> dict[str, torch.Tensor]:
+    def tensors(self, int4: bool = False) -> dict[str, torch.Tensor | Int4Rows]:
         """Every tensor as float32, by its Hugging Face Llama name, W_q and W_k rows back in HF order; types and
-        shapes are checked against the config before any is read."""
+        shapes are checked against the config before any is read. ``int4``: Q4_0 / Q4_1 matrices kept as
+        ``Int4Rows`` (their integers, no float32 copy)."""
         for t in self.file.tensors:
             if t.kind not in TYPES:
                 raise LmforgeError(f"{self.path}: tensor {t.name} is of type {t.kind}; lmforge reads "
@@ -101,14 +139,29 @@ class GGUFModel:
         heads, kv_heads = self.hf_config["num_attention_heads"], self.hf_config["num_key_value_heads"]
         out = {}
         for t in self.file.tensors:
-            values = dequantize(self.file.raw(t), t.kind, tuple(reversed(t.shape)))  # ggml: fastest dimension first
-            name = hf_name(t.name, self.path)
+            shape, name = tuple(reversed(t.shape)), hf_name(t.name, self.path)  # ggml: fastest dimension first
+            parts = int4_blocks(self.file.raw(t), t.kind, shape) if int4 and kept_int4(name, t.kind, shape) else \
+                (dequantize(self.file.raw(t), t.kind, shape),)
             if name.endswith("q_proj.weight"):
-                values = unpermute(values, heads)
+                parts = tuple(unpermute(p, heads) for p in parts)
             elif name.endswith("k_proj.weight"):
-                values = unpermute(values, kv_heads)
-            out[name] = torch.from_numpy(np.ascontiguousarray(values))
+                parts = tuple(unpermute(p, kv_heads) for p in parts)
+            tensors = [torch.from_numpy(np.ascontiguousarray(p)) for p in parts]
+            if len(tensors) == 1:
+                out[name] = tensors[0]
+            else:  # (q, d, m) -> s = d, z = m + 8 d
+                q, d, m = tensors
+                out[name] = Int4Rows(q, d, m + 8 * d if t.kind == "Q4_1" else m)
         return out
+
+
+def kept_int4(name: str, kind: str, shape: tuple[int, ...]) -> bool:
+    """Whether a tensor becomes an int4 layer as stored: a Q4_0 / Q4_1 matrix of a linear layer (not the
+    embedding, a lookup) of a shape the int4 kernel holds (rows a multiple of 16)."""
+    from lmforge.nn.quant import unsupported
+
+    return kind in INT4_TYPES and name != "model.embed_tokens.weight" and len(shape) == 2 and \
+        unsupported(shape[0], shape[1], "int4", BLOCK) is None
 
 
 def hf_name(name: str, path: Path) -> str:
@@ -272,12 +325,14 @@ def check_position_tables(config: Any, path: Path) -> None:
                            "and 1 GiB; a damaged or crafted file")
 
 
-def load_gguf(path: str | os.PathLike) -> tuple[torch.nn.Module, Any]:
+def load_gguf(path: str | os.PathLike, int4: bool = False) -> tuple[torch.nn.Module, Any]:
     """(lmforge Decoder in eval mode, tokenizer with the file's chat template) from a Llama-family GGUF file.
 
     Nothing is allocated from a size the file declares before it is checked: the header against the file's
     length (``read_header``), the tensors against the metadata (``check_shapes``), the position tables against
-    the weights; only then are the tensors dequantized and the Decoder built."""
+    the weights; only then are the tensors dequantized and the Decoder built. ``int4``: the Q4_0 / Q4_1
+    matrices become int4 layers (``nn.quant``, group 32) from their own integers, never dequantized; the
+    others (norms, a Q8_0 or F16 embedding) are read as float32 as always."""
     from lmforge.interop.llama import decoder_config_from_llama, decoder_state_from_llama
     from lmforge.models.decoder import Decoder
     from lmforge.models.registry import load_weights
@@ -291,21 +346,51 @@ def load_gguf(path: str | os.PathLike) -> tuple[torch.nn.Module, Any]:
     tokenizer.chat_template = model.chat_template
     check_shapes(model)  # before the probe: building 10^6 layers, even on the meta device, exhausts memory
     check_position_tables(config, model.path)
-    tensors = model.tensors()
-    decoder = Decoder(config)
-    load_weights(decoder, decoder_state_from_llama(tensors, config, str(model.path)), str(model.path))
+    state = decoder_state_from_llama(model.tensors(int4=int4), config, str(model.path))
+    rows = {name: state.pop(name) for name in list(state) if isinstance(state[name], Int4Rows)}
+    decoder = unwritten_decoder(config) if rows else Decoder(config)
+    load_weights(decoder, state, str(model.path), optional=tuple(rows))
+    for name, values in rows.items():  # the float nn.Linear (never written) goes; the int4 layer comes
+        parent, _, attr = name.removesuffix(".weight").rpartition(".")
+        setattr(decoder.get_submodule(parent), attr, values.layer())
     return decoder.eval(), tokenizer
 
 
+def unwritten_decoder(config: Any) -> torch.nn.Module:
+    """A Decoder whose parameters are allocated but neither initialised nor written: the weights are about to be
+    loaded, and the float32 matrices that int4 layers replace are freed without ever becoming resident (no float32
+    copy of the model). The buffers a construction computes (the rotary tables) come from a real Decoder of one
+    layer and a one-token vocabulary; a model with computed buffers inside its layers is built for real."""
+    import dataclasses
+
+    from lmforge.models.decoder import Decoder
+
+    small = Decoder(dataclasses.replace(config, n_layers=1, vocab_size=1, bos_id=None, eos_id=None, pad_id=None))
+    computed = [name for name, _ in small.named_buffers() if name not in small.state_dict()]
+    if any(name.startswith("layers.") for name in computed):
+        return Decoder(config)
+    with torch.device("meta"):
+        decoder = Decoder(config)
+    decoder.to_empty(device="cpu")
+    if config.tie_embeddings:  # to_empty gave the two their own tensors
+        decoder.lm_head.tie(decoder.tok_emb)
+    for name in computed:
+        owner, _, attr = name.rpartition(".")
+        setattr(decoder.get_submodule(owner), attr, small.get_buffer(name))
+    return decoder
+
+
 # -- writing --------------------------------------------------------------------------------------------------
-WRITE_TYPES = ("f32", "f16", "q8_0")
+WRITE_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}  # general.file_type: llama.cpp's ftype
 
 
 def write_gguf(path: str | os.PathLike, hf_config: dict[str, Any], state: dict[str, torch.Tensor], tokenizer: Any,
                chat_template: str | None = None, dtype: str = "f16", name: str = "lmforge model") -> Path:
     """A Llama-family model (HF config + HF-named tensors) and its byte-level BPE tokenizer -> one GGUF file,
     written to a temporary file beside ``path`` and renamed (never half-written). Matrices in ``dtype``
-    (f32, f16 or q8_0); norms stay f32, as llama.cpp writes them."""
+    (f32, f16, q8_0, q4_0 or q4_1: the ``gguf`` package's quantizers); norms stay f32, as llama.cpp writes
+    them."""
     gguf = gguf_module()
     from lmforge.tokenizers.byte_bpe import ByteLevelBPETokenizer
 
@@ -314,8 +399,7 @@ def write_gguf(path: str | os.PathLike, hf_config: dict[str, Any], state: dict[s
     if not isinstance(tokenizer, ByteLevelBPETokenizer):
         raise LmforgeError(f"GGUF export needs a byte-level BPE tokenizer, not {type(tokenizer).__name__}")
     c, path = hf_config, Path(path)
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "q8_0": gguf.GGMLQuantizationType.Q8_0}[dtype]
+    qtype = gguf.GGMLQuantizationType[dtype.upper()]
     with atomic_path(path) as tmp:
         w = gguf.GGUFWriter(str(tmp), "llama")
         w.add_name(name)
@@ -329,7 +413,7 @@ def write_gguf(path: str | os.PathLike, hf_config: dict[str, Any], state: dict[s
         w.add_layer_norm_rms_eps(float(c["rms_norm_eps"]))
         w.add_vocab_size(c["vocab_size"])
         w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
-        w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[dtype])
+        w.add_file_type(FILE_TYPES[dtype])
         add_tokenizer(w, tokenizer, c, chat_template)
         heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
         for hf, tensor in state.items():
@@ -340,7 +424,7 @@ def write_gguf(path: str | os.PathLike, hf_config: dict[str, Any], state: dict[s
                 values = permute(values, kv_heads)
             kind = qtype if values.ndim == 2 and values.shape[-1] % BLOCK == 0 else gguf.GGMLQuantizationType.F32
             data = values.astype(np.float16) if kind == gguf.GGMLQuantizationType.F16 else \
-                gguf.quants.quantize(values, kind) if kind == gguf.GGMLQuantizationType.Q8_0 else values
+                values if kind == gguf.GGMLQuantizationType.F32 else gguf.quants.quantize(values, kind)
             w.add_tensor(gguf_name(hf), data, raw_dtype=kind)
         w.write_header_to_file()
         w.write_kv_data_to_file()

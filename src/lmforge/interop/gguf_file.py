@@ -211,16 +211,31 @@ def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray
         return raw.view(np.float16).astype(np.float32).reshape(shape)
     if kind == "BF16":
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    head = {"Q8_0": 2, "Q4_0": 2, "Q4_1": 4}[kind]  # bytes of scale (and offset) per block
-    width = head + (BLOCK if kind == "Q8_0" else BLOCK // 2)
-    blocks = raw.reshape(-1, width)  # (n_blocks, bytes)
-    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (n_blocks, 1)
     if kind == "Q8_0":
-        q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32)
-        return (d * q).reshape(shape)
+        blocks = raw.reshape(-1, 2 + BLOCK)  # (n_blocks, bytes): scale d (f16), 32 int8
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (n_blocks, 1)
+        return (d * blocks[:, 2:].view(np.int8).astype(np.float32)).reshape(shape)
+    q, d, m = int4_blocks(raw, kind, shape)  # (rows, K), (rows, K / 32) twice
+    q = q.reshape(*d.shape, BLOCK).astype(np.float32)  # (rows, K / 32, 32)
+    w = d[..., None] * (q - 8) if kind == "Q4_0" else d[..., None] * q + m[..., None]
+    return w.reshape(shape)
+
+
+def int4_blocks(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_0 / Q4_1 bytes -> (q uint8 (rows, K) in [0, 15], d float32 (rows, K / 32), m float32 (rows, K / 32)),
+    x = d (q - 8) for Q4_0 (m = 0 here) and x = d q + m for Q4_1: the integers as stored, nothing dequantized.
+
+    >>> block = np.frombuffer(np.float16(0.5).tobytes() + bytes([0x21] + [0] * 15), dtype=np.uint8)
+    >>> q, d, m = int4_blocks(block, "Q4_0", (1, 32))
+    >>> q[0, [0, 16]].tolist(), d.tolist()
+    ([1, 2], [[0.5]])
+    """
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    head = {"Q4_0": 2, "Q4_1": 4}[kind]  # bytes of scale (and offset) per block
+    blocks = raw.reshape(-1, head + BLOCK // 2)  # (n_blocks, bytes)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)[:, 0]  # (n_blocks,)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0] if kind == "Q4_1" else np.zeros_like(d)
     packed = blocks[:, head:]  # (n_blocks, 16): value j in the low nibble of byte j, value 16 + j in the high
-    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32)  # (n_blocks, 32)
-    if kind == "Q4_0":
-        return (d * (q - 8)).reshape(shape)
-    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-    return (d * q + m).reshape(shape)
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=1)  # (n_blocks, 32)
+    rows = math.prod(shape[:-1])
+    return q.reshape(shape), d.reshape(rows, -1), m.reshape(rows, -1)

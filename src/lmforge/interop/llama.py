@@ -151,7 +151,10 @@ def decoder_state_from_llama(
         return state[name]
 
     def stacked(prefix: str, parts: tuple[str, ...], kind: str) -> torch.Tensor:
-        return torch.cat([take(f"{prefix}.{part}.{kind}") for part in parts], dim=0)
+        values = [take(f"{prefix}.{part}.{kind}") for part in parts]
+        if not any(isinstance(v, torch.Tensor) for v in values):  # rows kept quantized (interop.gguf.Int4Rows)
+            return values[0].stack(values)
+        return torch.cat([v if isinstance(v, torch.Tensor) else v.dequantized() for v in values], dim=0)
 
     out = {"tok_emb.weight": take("embed_tokens.weight")}
     for i in range(config.n_layers):

@@ -31,7 +31,8 @@ from lmforge.schema import build, check_section, setting
 # Keys a model directory's config.json may hold beside the architecture's fields (which head sits on
 # top, the label names of a fine-tuned model, ...). ``from_dict`` accepts and ignores them.
 MODEL_KEYS = frozenset({"architecture", "num_labels", "labels", "task", "lmforge_version", "label_names",
-                        "tokenizer"})  # tokenizer: a checkpoint's path to its run's tokenizer directory
+                        "tokenizer", "quantized"})  # tokenizer: a checkpoint's path to its run's tokenizer directory;
+# quantized: {layer: "int8" | "int4"}, the layers saved as nn.quant.QuantizedLinear (convert --quantize)
 
 
 class ConfigMixin:

@@ -124,9 +124,13 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, tokenizer: A
                     extra: dict[str, Any] | None = None) -> Path:
     """Write config.json and model.safetensors (and the tokenizer, if given) into ``directory``."""
     out = Path(directory)
+    from lmforge.nn.quant import layout
+
     info: dict[str, Any] = {"architecture": type(model).__name__}
     if getattr(model, "num_labels", None):
         info["num_labels"] = model.num_labels
+    if layout(model):  # quantized layers: their names and kinds, their tensors in the portable form
+        info["quantized"] = layout(model)
     save_weights(state_dict_untied(model), out / WEIGHTS_NAME)
     model.config.save(out, {**info, **(extra or {})})
     if tokenizer is not None:
@@ -205,10 +209,29 @@ def load_pretrained(directory: str | os.PathLike, device: str | torch.device | N
     config = config_from_dict(data, str(cfg_file))
     model = build_model(config, data.get("architecture"), data.get("num_labels"))
     weights = folder / WEIGHTS_NAME
-    load_weights(model, read_weights(weights), str(weights))
+    tensors = read_weights(weights)
+    quantized = quantized_layers(data.get("quantized") or {}, tensors, str(cfg_file))
+    load_weights(model, tensors, str(weights), optional=tuple(f"{name}." for name in quantized))
+    for name, layer in quantized.items():  # the float layer (never written) goes, the quantized one comes
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, layer)
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def quantized_layers(kinds: dict[str, str], tensors: dict[str, torch.Tensor], source: str) -> dict[str, nn.Module]:
+    """The quantized layers a directory's config.json names (``"quantized": {layer: kind}``), built from (and
+    taken out of) ``tensors``: each layer's ``weight`` and ``scales`` in ``QuantizedLinear.portable``'s form."""
+    from lmforge.nn.quant import KINDS, QuantizedLinear
+
+    layers = {}
+    for name, kind in kinds.items():
+        if kind not in KINDS or f"{name}.weight" not in tensors or f"{name}.scales" not in tensors:
+            raise LmforgeError(f"{source}: quantized layer {name!r}: kind {kind!r} or its tensors missing")
+        layers[name] = QuantizedLinear.from_portable(kind, tensors.pop(f"{name}.weight"),
+                                                     tensors.pop(f"{name}.scales"), tensors.pop(f"{name}.bias", None))
+    return layers
 
 
 def component(name: str) -> str:

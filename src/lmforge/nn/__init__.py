@@ -10,6 +10,7 @@ branch and no backend trick (the decoding engine's CPU tricks attach from its ru
     lstm.py            LSTM and its cell (the roots: ELMo, RNN seq2seq)
     mix.py             ELMo's scalar mix of layers
     norms.py           LayerNorm / RMSNorm by name
+    quant.py           weight-only int8 / int4 linear layers (CPU kernels) and quantize(model, kind)
     pooling.py         the mean of hidden states over the real tokens (a padding mask)
     positions.py       sinusoidal, learned and rotary positions
     rnn_attention.py   Bahdanau (additive) and Luong (multiplicative) attention

@@ -7,6 +7,7 @@
     modern.py         the modern decoder's pieces: RMSNorm, rotary, QK-norm, ReLU² / SwiGLU, soft cap
     rnn.py            the LSTM cell in the gate notation of seed 000
     rnn_attention.py  additive (Bahdanau) and multiplicative (Luong) attention for RNN encoder-decoders
+    quant.py          weight-only int8 / int4: the dequantized weights and their product
     cnn.py            the sentence CNN of seed 001 problem 3, index by index
     attention2d.py    spatial self-attention over an (x, y) grid (seed 001 problem 5)
 """

@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.workflows.options import ConvertOptions
+from lmforge.workflows.options import ConvertOptions, Weights
 
 
-def convert(source: Path, to: str, out: Path, options: ConvertOptions, overwrite: bool = False) -> dict[str, Any]:
+def convert(source: Path, to: str, out: Path, options: ConvertOptions, overwrite: bool = False,
+            weights: Weights | None = None) -> dict[str, Any]:
     from lmforge.models.registry import count_parameters
     from lmforge.outputs import claim_file, claim_output
 
+    if to == "quantized" and (weights is None or weights.dtype not in ("int8", "int4")):
+        raise LmforgeError("--quantize: give --dtype int8 or --dtype int4 (the layers' format)")
     if to == "gguf" and out.suffix != ".gguf":
         raise LmforgeError(f"--out: {out} must end in .gguf for --to-gguf")
     # the output is claimed before anything is read: a refusal costs nothing and changes nothing
@@ -36,7 +39,7 @@ def convert(source: Path, to: str, out: Path, options: ConvertOptions, overwrite
         return {"source": str(source), "output": str(out), "architecture": type(model).__name__,
                 "parameters": count_parameters(model, by_component=False), "gguf_type": options.gguf_type}
     with claim:
-        model, out = write_model(source, to, out)
+        model, out = quantized_out(source, weights, out) if to == "quantized" else write_model(source, to, out)
     return {"source": str(source), "output": str(out), "architecture": type(model).__name__,
             "parameters": count_parameters(model, by_component=False)}
 
@@ -74,6 +77,17 @@ def gguf_in(source: Path, out: Path):
     model, tokenizer = load_gguf(source)
     save_pretrained(model, out, tokenizer)
     return model
+
+
+def quantized_out(source: Path, weights: Weights, out: Path):
+    """Any model ``lmforge.load`` reads (a GGUF file's Q4_0 / Q4_1 kept as stored with int4) -> an lmforge
+    directory of int8 / int4 layers (nn.quant; config.json's ``quantized`` names them), checksummed; read back."""
+    from lmforge.interop.directories import load
+    from lmforge.models.registry import load_pretrained, save_pretrained
+
+    model, tokenizer = load(source, dtype=weights.dtype, group_size=weights.group_size)
+    save_pretrained(model, out, tokenizer)
+    return load_pretrained(out), out
 
 
 def gguf_out(source: Path, out: Path, options: ConvertOptions):

@@ -1,6 +1,7 @@
 """The settings of the commands that run without a recipe, declared once (``lmforge.schema``; no torch here).
 
     Runtime          where a model runs: --device, --threads, checksum verification (every command that loads one)
+    Weights          the weights' number format once loaded: --dtype fp32 ... int4 (commands that run a model)
     TextInput        how text read from files and standard input is decoded (--errors)
     EncodeOptions    lmforge tokenizer encode / decode
     EvaluateOptions  lmforge evaluate
@@ -47,6 +48,18 @@ class Runtime:
             from lmforge.devices import resolve_device
 
             resolve_device(self.device, "--device")
+
+
+@dataclass
+class Weights:
+    """The number format of a model's weights once loaded (``lmforge.load(..., dtype=)``): generate, chat,
+    serve, evaluate, embed."""
+
+    dtype: Literal["fp32", "bf16", "fp16", "int8", "int4"] = setting(
+        "fp32", "weights' dtype; int8 / int4: weight-only quantized linear layers on the CPU, activations float32 "
+                "(a GGUF file's Q4_0 / Q4_1 matrices are kept as stored with int4)")
+    group_size: int = setting(32, "int4: weights per group sharing a scale and a zero", choices=(32, 64, 128, 256),
+                              metavar="N")
 
 
 @dataclass
@@ -173,7 +186,8 @@ class TemplateOptions:
 class ConvertOptions:
     """How ``lmforge convert`` writes what it writes."""
 
-    gguf_type: Literal["f32", "f16", "q8_0"] = setting("f16", "--to-gguf: the matrices' type (norms stay f32)")
+    gguf_type: Literal["f32", "f16", "q8_0", "q4_0", "q4_1"] = setting(
+        "f16", "--to-gguf: the matrices' type (norms stay f32)")
 
 
 @dataclass
@@ -186,7 +200,6 @@ class ServeOptions:
     max_queue: int = setting(64, "requests waiting for a slot before new ones get 429", min=0, metavar="Q")
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/* (default: open)",
                                   metavar="KEY")
-    dtype: Literal["fp32", "bf16", "fp16"] = setting("fp32", "weights' dtype")
     context: int | None = setting(None, "longest prompt + reply a slot holds (default: the model's, at most 2048)",
                                   min=1, metavar="N")
     compile: bool | None = setting(None, "compile the engine's graphs (default: on CUDA; on CPU one step graph "

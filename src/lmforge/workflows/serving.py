@@ -35,9 +35,8 @@ from lmforge.errors import LmforgeError
 from lmforge.generation.engine import Engine, Generation, Request
 from lmforge.generation.lm import LM
 from lmforge.generation.requests import check_room
-from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions
+from lmforge.workflows.options import Runtime, ServeOptions, TemplateOptions, Weights
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ATTENTION_WEIGHTS = 1_500_000  # layers x heads x tokens² numbers an attention page holds at most (~10 MB)
 
 
@@ -169,22 +168,24 @@ class ModelService:
 
     @classmethod
     def open(cls, path: str | Path, options: ServeOptions, runtime: Runtime | None = None,
-             engine_thread: bool = True, template: TemplateOptions | None = None) -> ModelService:
+             engine_thread: bool = True, template: TemplateOptions | None = None,
+             weights: Weights | None = None) -> ModelService:
         """Load a model directory (verified like every other read) for serving; ``engine_thread=False``: the
         caller steps the engine itself (``service.engine.run``); ``template``: its chat template's budget."""
-        from lmforge.interop.directories import load, load_finetuned
+        from lmforge.interop.directories import load, load_finetuned, with_dtype
         from lmforge.workflows.chat import chat_format
 
-        runtime = runtime or Runtime()
+        runtime, weights = runtime or Runtime(), weights or Weights()
         folder = Path(path)
         info: dict[str, Any] = {}
         if (folder / "finetune.json").is_file() or (folder / "adapter_config.json").is_file():
             model, tokenizer, info = load_finetuned(folder, runtime.device)
+            model = with_dtype(model, weights.dtype, weights.group_size)
         else:
-            model, tokenizer = load(folder, device=runtime.device)
+            model, tokenizer = load(folder, device=runtime.device, dtype=weights.dtype, group_size=weights.group_size)
         if tokenizer is None:
             raise LmforgeError(f"--model: {folder} has no tokenizer; the server reads and writes text")
-        model = model.to(DTYPES[options.dtype]).eval()
+        model = model.eval()
         name = folder.resolve().stem if folder.is_file() else folder.resolve().name  # a GGUF file: without .gguf
         fmt = chat_format(folder, tokenizer, model, (template or TemplateOptions()).limits())
         return cls(model, tokenizer, name, options, fmt, info, engine_thread)

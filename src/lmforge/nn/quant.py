@@ -1,0 +1,255 @@
+"""Weight-only quantized linear layers (CPU): int8 per output channel, int4 in groups of inputs; activations float.
+
+    int8   W[n, k] ≈ s[n] q[n, k]                     q int8 in [-127, 127]; 1 byte a weight (+ 2 a row)
+    int4   W[n, k] ≈ s[n, j] (q[n, k] - 8) + z[n, j]  j = k // group, q in [0, 15]; half a byte a weight
+                                                      (+ 4 bytes a group: 1/8 of a byte a weight at group 32)
+
+``QuantizedLinear`` computes y = x Ŵᵀ + b (Ŵ the dequantized weight, ``reference/quant.py``'s equations) with
+torch's own CPU kernels, ``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu`` (torchao's CPU
+layouts use the same two). Those kernels are vectorised for bfloat16 activations only (float32 activations take
+a scalar loop, 10-25x slower than a float32 product): so x is rounded to bfloat16 on the way in, the kernel
+dequantizes each weight in float32 (exact: a small integer times a bfloat16 scale, plus a zero) and accumulates
+in float32 in a fixed order along k, and rounds each output to bfloat16 on the way out. Scales and zeros are
+bfloat16 too (the kernels read them so): ``quantize_int8`` / ``quantize_int4`` choose them so that every weight
+still lies within half a step of its dequantized value. A row's output depends only on that row (the kernels
+split the work by blocks of rows and columns, never along k): the same bits alone or in a batch, on 1 or 2
+threads.
+
+Against the float64 product of the same dequantized weight (tests/test_quant.py, ``product_bound``), an output
+differs by at most 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (the inputs' rounding) +
+(K + 2) 2^-24 sum_k |x_k Ŵ_nk| (float32 accumulation and dequantization).
+
+``quantize(model, "int4")`` replaces a model's ``nn.Linear`` layers in place, the tied LM head included (its own
+int8 copy; the embedding stays float for lookups): at batch 1 the 49152 x 576 head of SmolLM2 takes 7.2 ms in
+float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int4 on this 2-core machine, and an int4 head costs 7.5%
+of perplexity where an int8 one costs ~0.2% (docs/models.md). A layer
+the kernels cannot hold stays float and is named in what ``quantize`` returns: int4 needs out_features a
+multiple of 16 and in_features a multiple of the group (32, 64, 128 or 256); int8 needs in_features a
+multiple of 16.
+
+Saved, a layer's ``state_dict`` holds a form no CPU's packed layout shapes (``portable``: int4 two to a byte);
+``from_portable`` repacks it, and ``layout(model)`` names the quantized layers for a directory's config.json.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+KINDS = ("int8", "int4")
+GROUP = 32  # int4's default group: GGUF's block of 32 weights
+GROUPS = (32, 64, 128, 256)  # what the int4 kernel accepts
+ALIGN = 64  # bytes: the int8 kernel reads rows with aligned loads
+ROWS_AT_ONCE = 4096  # rows quantized together: the float64 work of a 49152-row head stays ~20 MB, not 230
+
+
+# -- choosing the integers ------------------------------------------------------------------------------------
+def bf16_at_least(t: torch.Tensor) -> torch.Tensor:
+    """The smallest bfloat16 values >= t (t >= 0, float64): scales that never shrink the range they must cover.
+
+    >>> bf16_at_least(torch.tensor([1.0, 1.001], dtype=torch.float64)).tolist()
+    [1.0, 1.0078125]
+    """
+    down = t.to(torch.bfloat16)
+    up = (down.view(torch.int16) + 1).view(torch.bfloat16)  # the next bfloat16 above a positive one
+    return torch.where(down.double() >= t, down, up)
+
+
+def by_rows(quantizer: Callable) -> Callable:
+    """``quantizer`` applied to blocks of ROWS_AT_ONCE rows, the results stacked (each row is independent)."""
+    @functools.wraps(quantizer)
+    def apply(w: torch.Tensor, *args: int) -> tuple[torch.Tensor, ...]:
+        parts = [quantizer(block, *args) for block in w.detach().split(ROWS_AT_ONCE)]
+        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+
+    return apply
+
+
+@by_rows
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W (N, K) -> (q int8 (N, K), scales bfloat16 (N,)) with |W - s q| <= s / 2: s >= max |W[n]| / 127."""
+    w = w.double()
+    scales = bf16_at_least(w.abs().amax(dim=1) / 127)
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # a row of zeros: any scale
+    q = torch.round(w / scales.double()[:, None]).clamp(-127, 127)
+    return q.to(torch.int8), scales
+
+
+@by_rows
+def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W (N, K) -> (q (N, K) int32 in [0, 15], scales, zeros bfloat16 (N, K / group)), |W - Ŵ| <= s / 2.
+
+    Per group of ``group`` weights, lo..hi must lie inside the grid z - 8 s .. z + 7 s. With s and z exact that
+    is s = (hi - lo) / 15; both are rounded to bfloat16 here (relative error <= 2^-8), so s is widened by
+    2 e / 15 with e = 2^-7 (max(|lo|, |hi|) + s0): the grid then has room 2 e to spare, more than twice the
+    rounding of z (<= 2^-8 |z|), and z, rounded from the middle of the room, keeps lo..hi inside."""
+    n, k = w.shape
+    g = w.double().reshape(n, k // group, group)  # (N, K/g, g)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)  # (N, K/g)
+    s0 = (hi - lo) / 15
+    room = 2 ** -7 * (torch.maximum(lo.abs(), hi.abs()) + s0)
+    scales = bf16_at_least((hi - lo + 2 * room) / 15)
+    zero_group = scales == 0  # every weight 0: q = 8, z = 0
+    scales = torch.where(zero_group, torch.ones_like(scales), scales)
+    s = scales.double()
+    zeros = torch.where(zero_group, 0.0, (hi - 7 * s + lo + 8 * s) / 2).to(torch.bfloat16)
+    q = torch.round((g - zeros.double()[..., None]) / s[..., None] + 8).clamp(0, 15)
+    return q.reshape(n, k).to(torch.int32), scales, zeros
+
+
+def unsupported(out_features: int, in_features: int, kind: str, group: int = GROUP) -> str | None:
+    """Why the kernels cannot hold a layer of this shape, or None."""
+    if kind == "int8":
+        return None if in_features % 16 == 0 else f"in_features {in_features} is not a multiple of 16"
+    if out_features % 16:
+        return f"out_features {out_features} is not a multiple of 16"
+    if in_features % group:
+        return f"in_features {in_features} is not a multiple of the group {group}"
+    return None
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous and starting at a multiple of ALIGN bytes (a view into a mapped file may not)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % ALIGN == 0 else t.clone()
+
+
+# -- the layer ------------------------------------------------------------------------------------------------
+class QuantizedLinear(nn.Module):
+    """y = x Ŵᵀ + b with Ŵ held as integers (int8: ``weight`` (N, K) and ``scales`` (N,); int4: ``weight`` in
+    the kernel's packed layout (N, K / 2) uint8 and ``scales_and_zeros`` (K / group, N, 2)), b float32.
+    Not an ``nn.Linear``: code that packs or casts every ``nn.Linear`` (the CPU runner's packed products,
+    ``model.to(dtype)`` of its parameters) leaves it alone."""
+
+    def __init__(self, in_features: int, out_features: int, kind: str, weight: torch.Tensor,
+                 scales: torch.Tensor, bias: torch.Tensor | None = None, group: int = GROUP) -> None:
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+        self.in_features, self.out_features, self.kind, self.group = in_features, out_features, kind, group
+        self.register_buffer("weight", aligned(weight))
+        self.register_buffer("scales", scales.to(torch.bfloat16).contiguous())
+        self.bias = nn.Parameter(bias.detach().float().clone(), requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def int8(cls, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> QuantizedLinear:
+        """From q (N, K) int8 and scales (N,)."""
+        return cls(q.shape[1], q.shape[0], "int8", q.to(torch.int8), scales, bias)
+
+    @classmethod
+    def int4(cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int = GROUP,
+             bias: torch.Tensor | None = None) -> QuantizedLinear:
+        """From q (N, K) in [0, 15] and scales, zeros (N, K / group): packed once for the kernel here."""
+        n, k = q.shape
+        if group not in GROUPS:
+            raise ValueError(f"group {group} is not one of {GROUPS} (the int4 kernel's)")
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        pairs = torch.stack([scales.to(torch.bfloat16), zeros.to(torch.bfloat16)], dim=-1)  # (N, K/g, 2)
+        return cls(k, n, "int4", packed, pairs.transpose(0, 1), bias, group)  # scales: (K/g, N, 2)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kind: str, group: int = GROUP) -> QuantizedLinear:
+        """A float ``nn.Linear`` quantized (``quantize_int8`` / ``quantize_int4``)."""
+        w = linear.weight.detach()
+        if kind == "int8":
+            return cls.int8(*quantize_int8(w), bias=linear.bias)
+        return cls.int4(*quantize_int4(w, group), group=group, bias=linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        xb = rows.new_empty(rows.shape, dtype=torch.bfloat16).copy_(rows)  # (M, K): a fresh, aligned copy
+        scales = self.scales.to(torch.bfloat16)  # no copy; bfloat16 again after a model.float()
+        if self.kind == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, scales)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, self.group, scales)
+        y = y.to(x.dtype if x.is_floating_point() else torch.float32)  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def integers(self) -> torch.Tensor:
+        """q (N, K) as stored: int8 values, or int4 values in [0, 15] read back through the kernel itself
+        (x = the identity, scale 1, zero 8: each output is one q exactly), so no private layout is assumed."""
+        if self.kind == "int8":
+            return self.weight
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        ones = torch.tensor([1.0, 8.0], dtype=torch.bfloat16).expand(self.in_features // self.group,
+                                                                     self.out_features, 2).contiguous()
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, self.group, ones).T.to(torch.int32)
+
+    def dequantized(self) -> torch.Tensor:
+        """Ŵ (N, K) in float32 (exact: a small integer times a bfloat16 scale, plus a bfloat16 zero)."""
+        q = self.integers().double()
+        if self.kind == "int8":
+            return (q * self.scales.double()[:, None]).float()
+        s, z = self.scales.double().unbind(-1)  # (K/g, N) each
+        n, k = q.shape
+        w = (q.reshape(n, k // self.group, self.group) - 8) * s.T[..., None] + z.T[..., None]
+        return w.reshape(n, k).float()
+
+    def portable(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, scales) in the form a file keeps, whatever this CPU's packed layout: int8 q (N, K) and
+        scales (N,); int4 q two a byte (N, K / 2) uint8, column 2i in the low nibble and 2i + 1 in the high,
+        and (N, K / group, 2) scale-zero pairs. ``from_portable`` is the inverse."""
+        if self.kind == "int8":
+            return self.weight, self.scales.to(torch.bfloat16)
+        q = self.integers().to(torch.uint8)  # (N, K)
+        return q[:, 0::2] | (q[:, 1::2] << 4), self.scales.to(torch.bfloat16).transpose(0, 1).contiguous()
+
+    @classmethod
+    def from_portable(cls, kind: str, weight: torch.Tensor, scales: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> QuantizedLinear:
+        """The layer of what ``portable`` gave (repacked for this CPU's kernel; int4's group from the shapes)."""
+        if kind == "int8":
+            return cls.int8(weight, scales, bias)
+        q = torch.stack([weight & 0x0F, weight >> 4], dim=-1).reshape(weight.shape[0], -1)  # (N, K)
+        return cls.int4(q, scales[..., 0], scales[..., 1], q.shape[1] // scales.shape[1], bias)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """``state_dict()`` holds the portable form (``portable``), so a saved model loads on any CPU."""
+        destination[prefix + "weight"], destination[prefix + "scales"] = self.portable()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def extra_repr(self) -> str:
+        group = f", group={self.group}" if self.kind == "int4" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}{group}, " \
+               f"bias={self.bias is not None}"
+
+
+def layout(model: nn.Module) -> dict[str, str]:
+    """{layer name: "int8" | "int4"} of a model's quantized layers (what a saved directory's config.json keeps)."""
+    return {name: m.kind for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+
+
+def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None = "int8") -> list[str]:
+    """Replace every float ``nn.Linear`` of ``model`` (a CPU model: the loader checks, ``interop.directories``)
+    by a ``QuantizedLinear`` in place; the names of the layers left float (a shape the kernels cannot hold)
+    with why. A tied LM head gets its own quantized copy of the embedding matrix; the embedding keeps its float
+    weight for lookups.
+
+    head: the format of the layers that score the vocabulary (out_features = the rows of the model's largest
+    embedding: the LM head), None for float. int8 by default whatever ``kind``: on SmolLM2 an int4 head costs
+    7.5% of perplexity, an int8 one ~0.2% (docs/models.md)."""
+    if kind not in KINDS or head not in (*KINDS, None):
+        raise ValueError(f"kind {kind!r} / head {head!r} is not one of {KINDS}")
+    if group not in GROUPS:
+        raise ValueError(f"group {group} is not one of {GROUPS}")
+    vocab = max((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)), default=None)
+    kept = []
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for name, linear in targets:
+            this = head if linear.out_features == vocab else kind
+            why = unsupported(linear.out_features, linear.in_features, this, group) if this else "the head"
+            if why:
+                kept.append(f"{name} ({why})")
+                continue
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr,
+                    QuantizedLinear.from_linear(linear, this, group))
+    return kept

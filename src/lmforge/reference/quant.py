@@ -1,0 +1,35 @@
+"""Weight-only quantization in NumPy float64: the dequantized weights and their product, the oracle of nn/quant.py.
+
+    int8, per output channel    W[n, k] ≈ s[n] q[n, k]                 q in [-127, 127]
+    int4, groups of g inputs    W[n, k] ≈ s[n, j] (q[n, k] - 8) + z[n, j]     j = k // g, q in [0, 15]
+
+(GGUF's Q4_0 is z = 0; its Q4_1, x = d q + m, is s = d, z = m + 8 d.) The product is x Ŵᵀ + b with Ŵ the
+dequantized weight, in float64: what a kernel computes up to its own rounding.
+
+    >>> dequantize_int4(np.array([[0, 8, 15, 9]]), np.array([[0.5, 1.0]]), np.array([[0.0, 2.0]]), 2).tolist()
+    [[-4.0, 0.0, 9.0, 3.0]]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def dequantize_int8(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """q (N, K) integers in [-127, 127], scales (N,) -> W (N, K) = s[n] q[n, k]."""
+    return np.asarray(scales, np.float64)[:, None] * np.asarray(q, np.float64)
+
+
+def dequantize_int4(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, group: int) -> np.ndarray:
+    """q (N, K) integers in [0, 15], scales and zeros (N, K / group) -> W (N, K) = s (q - 8) + z, group by group."""
+    q = np.asarray(q, np.float64)
+    n, k = q.shape
+    s = np.asarray(scales, np.float64)[:, :, None]  # (N, K/g, 1)
+    z = np.asarray(zeros, np.float64)[:, :, None]
+    return (s * (q.reshape(n, k // group, group) - 8) + z).reshape(n, k)
+
+
+def quantized_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x (..., K) and a dequantized weight (N, K) -> x Wᵀ + b (..., N), in float64."""
+    y = np.asarray(x, np.float64) @ np.asarray(weight, np.float64).T
+    return y if bias is None else y + np.asarray(bias, np.float64)

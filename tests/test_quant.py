@@ -1,0 +1,178 @@
+"""Weight-only quantized layers (nn/quant.py) against the float64 reference (reference/quant.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lmforge import reference
+from lmforge.generation.engine import Engine, Request
+from lmforge.models import Decoder, get_preset
+from lmforge.nn.quant import QuantizedLinear, quantize, quantize_int4, quantize_int8
+from lmforge.reference.quant import dequantize_int4, dequantize_int8, quantized_linear
+
+
+def weights(n: int, k: int, seed: int) -> torch.Tensor:
+    """Gaussian weights with the awkward cases: a row of zeros, a constant group, a group far from 0, outliers."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[0] = 0.0
+    w[1, :32] = 0.3
+    w[2, 32:64] = 5.0 + w[2, 32:64] * 0.01
+    w[3, 7] = 2.0
+    return w
+
+
+def product_bound(x: np.ndarray, w: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """|kernel - float64 product| per output: 2^-8 |y| (bfloat16 output) + 2^-8 sum |x w| (bfloat16 inputs)
+    + (K + 2) 2^-24 sum |x w| (float32 accumulation and dequantization); see nn/quant.py."""
+    mass = np.abs(x) @ np.abs(w).T
+    return 2 ** -8 * np.abs(y) + (2 ** -8 + (x.shape[-1] + 2) * 2 ** -24) * mass
+
+
+# -- the integers ---------------------------------------------------------------------------------------------
+def test_int8_weights_lie_within_half_a_step_of_their_dequantized_values():
+    w = weights(48, 96, 0)
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and s.dtype == torch.bfloat16 and q.abs().max() <= 127
+    err = np.abs(w.double().numpy() - dequantize_int8(q.numpy(), s.double().numpy()))
+    assert (err <= s.double().numpy()[:, None] / 2 * (1 + 1e-12)).all()
+    assert err[0].max() == 0  # a row of zeros stays zeros
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_weights_lie_within_half_a_step_of_their_dequantized_values(group):
+    """Scales and zeros are bfloat16, yet no weight falls outside its group's grid (no clamping error)."""
+    w = weights(48, 128, 1)
+    q, s, z = quantize_int4(w, group)
+    assert q.min() >= 0 and q.max() <= 15 and s.dtype == z.dtype == torch.bfloat16
+    s64 = s.double().numpy()
+    err = np.abs(w.double().numpy() - dequantize_int4(q.numpy(), s64, z.double().numpy(), group))
+    assert (err <= np.repeat(s64, group, axis=1) / 2 * (1 + 1e-12)).all()
+    assert err[0].max() == 0
+
+
+def test_rows_quantized_in_blocks_equal_rows_quantized_at_once(monkeypatch):
+    import lmforge.nn.quant as quant
+
+    w = weights(48, 64, 5)
+    whole = quantize_int8(w), quantize_int4(w)
+    monkeypatch.setattr(quant, "ROWS_AT_ONCE", 7)
+    for a, b in zip(whole, (quantize_int8(w), quantize_int4(w)), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_the_int4_kernels_layout_reads_back_the_same_integers_and_weights():
+    w = weights(32, 64, 2)
+    q, s, z = quantize_int4(w)
+    layer = QuantizedLinear.int4(q, s, z)
+    assert torch.equal(layer.integers(), q)
+    expected = dequantize_int4(q.numpy(), s.double().numpy(), z.double().numpy(), 32)
+    assert np.array_equal(layer.dequantized().double().numpy(), expected)
+
+
+# -- the product ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("shape", [(32, 64), (96, 160), (64, 256)])
+def test_the_kernels_product_equals_the_float64_reference_within_its_rounding(kind, shape):
+    n, k = shape
+    linear = nn.Linear(k, n)
+    with torch.no_grad():
+        linear.weight.copy_(weights(n, k, 3))
+    layer = QuantizedLinear.from_linear(linear, kind)
+    x = torch.randn(2, 7, k, generator=torch.Generator().manual_seed(4))
+    y = layer(x)
+    assert y.shape == (2, 7, n) and y.dtype == torch.float32
+    w = layer.dequantized().double().numpy()
+    ref = quantized_linear(x.double().numpy(), w, linear.bias.detach().double().numpy())
+    bound = product_bound(x.double().numpy(), w, ref)
+    assert (np.abs(y.double().numpy() - ref) <= bound).all()
+    assert np.abs(y.double().numpy() - ref).max() > 0  # the bound is not idle: bfloat16 rounding shows
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_output_does_not_depend_on_the_other_rows_or_the_threads(kind, threads):
+    """Every row count 1..40 gives each row the bits it gets alone (the engine's rule), on 1 and 2 threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        layer = QuantizedLinear.from_linear(nn.Linear(256, 192), kind)
+        x = torch.randn(40, 256, generator=torch.Generator().manual_seed(5))
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(40)])
+        for m in range(1, 41):
+            assert torch.equal(layer(x[:m]), alone[:m]), m
+    finally:
+        torch.set_num_threads(before)
+
+
+# -- a model ---------------------------------------------------------------------------------------------------
+def llama() -> Decoder:
+    config = get_preset("gpt-tiny", vocab_size=300, dropout=0.0, attention_dropout=0.0, positions="rotary",
+                        norm="rmsnorm", activation="swiglu", bias=False, n_kv_heads=2, max_positions=128)
+    torch.manual_seed(0)
+    return Decoder(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantize_replaces_every_linear_and_makes_the_head_int8(kind):
+    """Every linear layer quantized; the head (300 rows: the vocabulary) int8 whatever the kind, its own copy of
+    the tied embedding, which keeps its float32 rows for lookups."""
+    model = llama()
+    embedding = model.tok_emb.weight.detach().clone()
+    assert quantize(model, kind) == []
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert len(layers) == 9 and not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert layers["lm_head.proj"].kind == "int8" and layers["layers.0.ffn.fc1"].kind == kind
+    assert torch.equal(model.tok_emb.weight, embedding) and model.tok_emb.weight.dtype == torch.float32
+
+
+def test_quantize_names_the_layers_it_leaves_float():
+    model = llama()
+    assert quantize(model, "int4", head="int4") == ["lm_head.proj (out_features 300 is not a multiple of 16)"]
+    assert quantize(llama(), "int4", head=None) == ["lm_head.proj (the head)"]
+    assert isinstance(model.lm_head.proj, nn.Linear)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_models_logits_follow_the_float_ones(kind):
+    """A random 2-layer model: the logits move by a fraction of their spread (a bound, not bits)."""
+    ref = llama()
+    model = llama()
+    quantize(model, kind)
+    ids = torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        a, b = ref(ids).logits, model(ids).logits
+    assert (a - b).abs().max() < {"int8": 0.05, "int4": 0.4}[kind] * a.std()
+
+
+def test_the_cpu_engine_leaves_quantized_layers_alone_and_a_request_gets_what_it_gets_alone():
+    """Two threads: the CPU runner packs the float layers that remain (none here) and steps exactly the rows in
+    use; a request beside 3 others gets the logits it gets alone, bit for bit."""
+    model = llama()
+    quantize(model, "int8")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(7)
+        work = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(2, 30, (4,), generator=g)]
+        engine = Engine(model, slots=4)
+        assert engine.runner.packed and engine.runner.products.layers == []
+        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
+        engine.run()
+        for ids, h in zip(work, handles, strict=True):
+            lone = Engine(model, slots=4)
+            one = lone.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True))
+            lone.run()
+            assert one.tokens == h.tokens
+            assert all(torch.equal(a, b) for a, b in zip(one.logits, h.logits, strict=True))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_reference_is_the_plain_product():
+    x, w = np.ones((1, 4)), np.arange(8.0).reshape(2, 4)
+    assert quantized_linear(x, w, np.array([1.0, 0.0])).tolist() == [[7.0, 22.0]]
+    assert reference.quant.dequantize_int8(np.array([[2, -1]]), np.array([0.5])).tolist() == [[1.0, -0.5]]
