@@ -14,6 +14,19 @@ from lmforge.models import Decoder, Seq2Seq, get_preset
 
 
 @pytest.fixture(autouse=True, scope="module")
+
+def assert_batched_equals_alone(engine: Engine, model, work: list[list[int]], new: int, slots: int) -> None:
+    """Every prompt of ``work`` decoded together on ``engine`` (made with ``slots``) gets the tokens and the
+    logits, bit for bit, that it gets alone on an engine made the same way."""
+    handles = [engine.submit(Request(ids, max_new_tokens=new, stop_ids=[], keep_logits=True)) for ids in work]
+    engine.run()
+    for ids, g in zip(work, handles, strict=True):
+        lone = Engine(model, slots=slots)
+        one = lone.submit(Request(ids, max_new_tokens=new, stop_ids=[], keep_logits=True))
+        lone.run()
+        assert one.tokens == g.tokens
+        assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
+
 def _one_thread(single_thread):
     """One torch thread (the shared fixture in conftest.py)."""
 
@@ -105,14 +118,7 @@ def test_two_threads_a_request_alone_and_beside_15_others_gets_the_same_logits(l
         work = prompts(16, seed=9)
         engine = Engine(model, slots=16)
         assert engine.runner.packed == (dtype == torch.float32)
-        handles = [engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True)) for ids in work]
-        engine.run()
-        for ids, g in zip(work, handles, strict=True):
-            lone = Engine(model, slots=16)
-            one = lone.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True))
-            lone.run()
-            assert one.tokens == g.tokens
-            assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
+        assert_batched_equals_alone(engine, model, work, 12, slots=16)
         assert torch.get_num_threads() == 2  # one-thread steps give the threads back
     finally:
         torch.set_num_threads(before)

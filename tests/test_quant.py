@@ -8,10 +8,11 @@ import torch
 from torch import nn
 
 from lmforge import reference
-from lmforge.generation.engine import Engine, Request
+from lmforge.generation.engine import Engine
 from lmforge.models import Decoder, get_preset
 from lmforge.nn.quant import QuantizedLinear, quantize, quantize_int4, quantize_int8
 from lmforge.reference.quant import dequantize_int4, dequantize_int8, quantized_linear
+from test_engine import assert_batched_equals_alone
 
 
 def weights(n: int, k: int, seed: int) -> torch.Tensor:
@@ -160,14 +161,7 @@ def test_the_cpu_engine_leaves_quantized_layers_alone_and_a_request_gets_what_it
         work = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(2, 30, (4,), generator=g)]
         engine = Engine(model, slots=4)
         assert engine.runner.packed and engine.runner.products.layers == []
-        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
-        engine.run()
-        for ids, h in zip(work, handles, strict=True):
-            lone = Engine(model, slots=4)
-            one = lone.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True))
-            lone.run()
-            assert one.tokens == h.tokens
-            assert all(torch.equal(a, b) for a, b in zip(one.logits, h.logits, strict=True))
+        assert_batched_equals_alone(engine, model, work, 6, slots=4)
     finally:
         torch.set_num_threads(before)
 
