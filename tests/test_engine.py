@@ -14,19 +14,6 @@ from lmforge.models import Decoder, Seq2Seq, get_preset
 
 
 @pytest.fixture(autouse=True, scope="module")
-
-def assert_batched_equals_alone(engine: Engine, model, work: list[list[int]], new: int, slots: int) -> None:
-    """Every prompt of ``work`` decoded together on ``engine`` (made with ``slots``) gets the tokens and the
-    logits, bit for bit, that it gets alone on an engine made the same way."""
-    handles = [engine.submit(Request(ids, max_new_tokens=new, stop_ids=[], keep_logits=True)) for ids in work]
-    engine.run()
-    for ids, g in zip(work, handles, strict=True):
-        lone = Engine(model, slots=slots)
-        one = lone.submit(Request(ids, max_new_tokens=new, stop_ids=[], keep_logits=True))
-        lone.run()
-        assert one.tokens == g.tokens
-        assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
-
 def _one_thread(single_thread):
     """One torch thread (the shared fixture in conftest.py)."""
 
@@ -532,3 +519,16 @@ def test_a_failing_step_or_callback_ends_only_its_own_request(gpt):
     assert "ZeroDivisionError" in handles[2].error and handles[2].ended.is_set()
     assert handles[0].tokens == alone(gpt, work[0], max_new_tokens=10, stop_ids=[])
     assert engine.idle()
+
+
+def assert_batched_equals_alone(engine: Engine, model, work: list[list[int]], new: int, slots: int) -> None:
+    """Every prompt of ``work`` decoded together on ``engine`` (made with ``slots``) gets the tokens and the
+    logits, bit for bit, that it gets alone on an engine made the same way."""
+    handles = [engine.submit(Request(ids, max_new_tokens=new, stop_ids=[], keep_logits=True)) for ids in work]
+    engine.run()
+    for ids, g in zip(work, handles, strict=True):
+        lone = Engine(model, slots=slots)
+        one = lone.submit(Request(ids, max_new_tokens=new, stop_ids=[], keep_logits=True))
+        lone.run()
+        assert one.tokens == g.tokens
+        assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
