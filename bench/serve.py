@@ -188,12 +188,15 @@ def main() -> None:
     p.add_argument("--prompts", choices=["short", "long"], default="short",
                    help="short questions (replies of 8-40 tokens) or long ones (replies near --new)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (both servers)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="both servers' weights")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "int8", "int4"], default="fp32",
+                   help="both servers' weights (int8, int4: lmforge's quantized layers, with --skip-transformers)")
     p.add_argument("--context", type=int, help="lmforge serve --context (fewer compiled graphs on a GPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="lmforge serve --compile / --no-compile (default: lmforge's own, on for CUDA)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = p.parse_args()
+    if args.dtype in ("int8", "int4") and not args.skip_transformers:
+        p.error(f"--dtype {args.dtype}: lmforge's quantized layers only; add --skip-transformers")
     with converted("lmforge-serve-bench-", args.keep, env={**os.environ, "PYTHONPATH": PYTHONPATH}) as work:
         run(args, work)
 
