@@ -103,6 +103,7 @@ def create_app(service: ModelService) -> FastAPI:
     errors.install(app)
     describing(app, state)
     working(app, state)
+    tokenizing(app, state)
     return app
 
 
@@ -155,24 +156,6 @@ def working(app: FastAPI, state: Served) -> None:
             return await complete(state, request, body, ids[0], chat=False, limit=body.max_tokens, top=body.logprobs)
         return await complete_all(state, request, body, prompts, ids)
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        state.check_model(body.model)
-        ids = await state.work(service.tokenize, body.text(), body.special())
-        pieces = [{"id": i, "piece": token_bytes(service.tokenizer, i).decode("utf-8", errors="replace")}
-                  for i in ids] if body.with_pieces else None
-        return {"tokens": pieces or ids, "count": len(ids), "max_model_len": service.context}
-
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        state.check_model(body.model)
-        text = await state.work(service.detokenize, body.tokens)
-        return {"prompt": text, "content": text}  # vLLM's name, llama.cpp's
-
-    @app.get("/tokenizer_info")
-    async def tokenizer_info() -> dict[str, Any]:
-        return service.tokenizer_info()
-
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
         state.check_model(body.model)
@@ -193,6 +176,29 @@ def working(app: FastAPI, state: Served) -> None:
         state.check_model(body.model)
         need(service.can("chat"))
         return HTMLResponse(await state.work(service.attention_page, body.conversation()))
+
+
+def tokenizing(app: FastAPI, state: Served) -> None:
+    """The tokenizer's routes, in vLLM's and llama.cpp's shapes (lm-evaluation-harness finds them)."""
+    service = state.service
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        ids = await state.work(service.tokenize, body.text(), body.special())
+        pieces = [{"id": i, "piece": token_bytes(service.tokenizer, i).decode("utf-8", errors="replace")}
+                  for i in ids] if body.with_pieces else None
+        return {"tokens": pieces or ids, "count": len(ids), "max_model_len": service.context}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        state.check_model(body.model)
+        text = await state.work(service.detokenize, body.tokens)
+        return {"prompt": text, "content": text}  # vLLM's name, llama.cpp's
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        return service.tokenizer_info()
 
 
 def need(why_not: str | None) -> None:
