@@ -8,6 +8,7 @@
     peft.py         a LoRA fine-tune as Hugging Face PEFT reads it, or merged into a plain model
     gguf.py         GGUF (llama.cpp's one-file format) in and out, tensors dequantized on load
     gguf_file.py    the GGUF container read by hand: every declared size checked against the file first
+    kquants.py      llama.cpp's K-quant blocks (Q4_K, Q5_K, Q6_K) dequantized, as ggml computes them
 """
 
 from lmforge.interop.huggingface import convert_from_hf, convert_to_hf, is_hf_dir, load_hf

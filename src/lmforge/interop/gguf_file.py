@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from lmforge.errors import LmforgeError
+from lmforge.interop.kquants import BYTES as K_TYPES
+from lmforge.interop.kquants import dequantize_k
 
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # struct codes
 STRING, ARRAY = 8, 9
@@ -34,7 +36,8 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 TENSOR_INFO_MIN = 8 + 4 + 4 + 8  # an empty name, no dimension, the type and the offset
 KV_MIN = 8 + 4 + 1  # an empty key, the type and a one-byte value
 HINT = "the file is damaged or not what it claims; download it again"
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")  # what lmforge dequantizes
+
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")  # what lmforge dequantizes
 BLOCK = 32  # weights per quantisation block (Q8_0, Q4_0, Q4_1)
 
 
@@ -192,13 +195,14 @@ def place_tensors(c: Cursor, infos: list[tuple[str, Any, tuple[int, ...], int]],
     return tensors
 
 
-# -- dequantization: the three block formats, written out ----------------------------------------------------
+# -- dequantization: the block formats, written out ----------------------------------------------------
 def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
     """Bytes of one tensor -> float32 values of ``shape`` (rows, row length).
 
     Q8_0  per block: scale d (f16), 32 int8 q                         x = d q
     Q4_0  per block: d (f16), 32 4-bit q (low nibbles first)          x = d (q - 8)
     Q4_1  per block: d (f16), offset m (f16), 32 4-bit q              x = d q + m
+    Q4_K, Q5_K, Q6_K: 256 weights a block, in sub-blocks with quantized scales (``kquants``)
 
     >>> block = np.frombuffer(np.float16(0.5).tobytes() + bytes(range(1, 33)), dtype=np.uint8)
     >>> dequantize(block, "Q8_0", (1, 32))[0, :4].tolist()
@@ -211,6 +215,8 @@ def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray
         return raw.view(np.float16).astype(np.float32).reshape(shape)
     if kind == "BF16":
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    if kind in K_TYPES:
+        return dequantize_k(raw, kind, shape)
     if kind == "Q8_0":
         blocks = raw.reshape(-1, 2 + BLOCK)  # (n_blocks, bytes): scale d (f16), 32 int8
         d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (n_blocks, 1)
