@@ -1,5 +1,6 @@
 """K-quant GGUF blocks (Q4_K, Q5_K, Q6_K: what ``Q4_K_M`` and ``Q5_K_M`` files hold) dequantize to the values the
-``gguf`` package's own reference gives (it follows ggml-quants.c), block for block, on random blocks."""
+``gguf`` package's own reference gives (it follows ggml-quants.c), block for block, on random blocks; and a GGUF
+model whose matrices are Q6_K blocks loads as the float32 model those blocks stand for."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from lmforge.interop.kquants import BYTES
 gguf = pytest.importorskip("gguf", reason="the gguf package (dev extra) is the reference for the block layouts")
 
 
-def random_blocks(kind: str, n: int, seed: int) -> np.ndarray:
+def random_blocks(kind: str, n: int, seed: int, scale: float = 0.05) -> np.ndarray:
     """``n`` blocks of random bytes whose float16 fields are finite scales (as a quantizer writes them)."""
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(n, BYTES[kind]), dtype=np.uint8)
     halves = [0, 2] if kind != "Q6_K" else [208]
     for at in halves:
-        blocks[:, at: at + 2] = rng.uniform(-0.05, 0.05, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+        blocks[:, at: at + 2] = rng.uniform(-scale, scale, n).astype(np.float16).view(np.uint8).reshape(n, 2)
     return blocks
 
 
@@ -30,3 +31,54 @@ def test_k_blocks_dequantize_as_ggml(kind):
     assert ours.dtype == np.float32 and ours.shape == ref.shape
     np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7)
     assert np.abs(ours).max() > 0  # blocks that hold something
+
+
+def test_a_model_with_k_quant_matrices_loads_as_the_weights_they_stand_for(tmp_path, monkeypatch):
+    """The gguf package has no K-quant quantizer, so the file's Q6_K blocks are random ones (``write_gguf`` is
+    handed them in place of quantizing); its twin is written in F32 with the values the reference dequantizes them
+    to: both load to the same model, bit for bit."""
+    import torch
+
+    import lmforge.interop.gguf as writer
+    from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
+    from lmforge.models import Decoder
+    from lmforge.models.config import DecoderConfig
+    from test_gguf import byte_tokenizer
+
+    config = DecoderConfig(vocab_size=300, d_model=256, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=256,
+                           max_positions=64, dropout=0.0, attention_dropout=0.0, activation="swiglu", norm="rmsnorm",
+                           positions="rotary", bias=False, rope_base=10000.0, bos_id=1, eos_id=2)
+    model = Decoder(config).eval()
+    hf_config, state = llama_config_from_decoder(config), llama_state_from_decoder(model.state_dict(), config)
+    held: list[np.ndarray] = []  # what each quantized matrix of the file stands for, in writing order
+    real = gguf.quants.quantize
+
+    def k_blocks(values: np.ndarray, kind) -> np.ndarray:
+        if kind != gguf.GGMLQuantizationType.Q6_K:
+            return real(values, kind)
+        blocks = random_blocks("Q6_K", values.size // 256, seed=len(held), scale=5e-4).reshape(len(values), -1)
+        held.append(gguf.quants.dequantize(blocks, kind).reshape(values.shape))
+        return blocks
+
+    monkeypatch.setattr(gguf.quants, "quantize", k_blocks)
+    monkeypatch.setattr(writer, "WRITE_TYPES", (*writer.WRITE_TYPES, "q6_k"))
+    monkeypatch.setitem(writer.FILE_TYPES, "q6_k", 18)  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q6_K
+    quantized = writer.write_gguf(tmp_path / "k.gguf", hf_config, state, byte_tokenizer(), dtype="q6_k")
+    twin, matrices = {}, iter(held)
+    for name, tensor in state.items():  # the file's values, in Hugging Face's row order
+        if tensor.dim() != 2:
+            twin[name] = tensor
+            continue
+        values = next(matrices)
+        heads = hf_config["num_attention_heads"] if "q_proj" in name else hf_config["num_key_value_heads"]
+        twin[name] = torch.from_numpy(writer.unpermute(values, heads) if "q_proj" in name or "k_proj" in name
+                                      else values)
+    plain = writer.write_gguf(tmp_path / "f32.gguf", hf_config, twin, byte_tokenizer(), dtype="f32")
+    from lmforge.interop.gguf_file import read_header
+
+    assert held and {t.kind for t in read_header(quantized).tensors} == {"Q6_K", "F32"}
+    a, _ = writer.load_gguf(quantized)
+    b, _ = writer.load_gguf(plain)
+    assert a.state_dict().keys() == b.state_dict().keys()
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    assert not torch.equal(a.state_dict()["tok_emb.weight"], model.state_dict()["tok_emb.weight"])  # the blocks'
