@@ -34,7 +34,7 @@ from lmforge.generation.engine import Request as EngineRequest
 from lmforge.serve import errors
 from lmforge.serve.errors import HTTPError
 from lmforge.serve.guard import Guard
-from lmforge.serve.logprobs import completion_columns, token_bytes
+from lmforge.serve.logprobs import completion_columns, token_text
 from lmforge.serve.metrics import Metrics
 from lmforge.serve.reply import Reply
 from lmforge.serve.schemas import (
@@ -186,8 +186,7 @@ def tokenizing(app: FastAPI, state: Served) -> None:
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         state.check_model(body.model)
         ids = await state.work(service.tokenize, body.text(), body.special())
-        pieces = [{"id": i, "piece": token_bytes(service.tokenizer, i).decode("utf-8", errors="replace")}
-                  for i in ids] if body.with_pieces else None
+        pieces = [{"id": i, "piece": token_text(service.tokenizer, i)} for i in ids] if body.with_pieces else None
         return {"tokens": pieces or ids, "count": len(ids), "max_model_len": service.context}
 
     @app.post("/detokenize")
@@ -225,11 +224,18 @@ async def choices_of_one(state: Served, request: Request, body: Sampling, ids: l
     once in the usage, as OpenAI does."""
     started = [start(state, body.model_copy(update={"seed": None if body.seed is None else body.seed + k}), ids,
                      chat, limit, top) for k in range(body.n)]
+    return await as_choices(started, request, prompt_tokens=len(ids))
+
+
+async def as_choices(started: list[tuple[Reply, asyncio.Queue]], request: Request, prompt_tokens: int):
+    """The whole replies of ``started`` as the choices of one answer, in order, their usage summed (the prompt
+    tokens given); 499 when the client went first."""
     answers = await asyncio.gather(*(reply.whole(queue, request.receive) for reply, queue in started))
     if any(answer is None for answer in answers):
         return Response(status_code=499)
     completion = sum(a["usage"]["completion_tokens"] for a in answers)
-    usage = {"prompt_tokens": len(ids), "completion_tokens": completion, "total_tokens": len(ids) + completion}
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+             "total_tokens": prompt_tokens + completion}
     return answers[0] | {"choices": [{**a["choices"][0], "index": k} for k, a in enumerate(answers)], "usage": usage}
 
 
@@ -271,19 +277,14 @@ async def complete_all(state: Served, request: Request, body: CompletionRequest,
         text = prompt if isinstance(prompt, str) else service.tokenizer.decode(p_ids)
         scored = await state.work(service.echo_logprobs, p_ids, top) if top is not None else []
         echoes.append((text, [(p_ids[0], None), *zip(p_ids[1:], scored, strict=True)] if top is not None else []))
+    used = sum(map(len, ids))
     if body.max_tokens == 0:
         choices = [{"index": i, "text": echo[0], "finish_reason": "length", "logprobs": completion_columns(
             service.tokenizer, echo[1]) if top is not None else None} for i, echo in enumerate(echoes)]
-        state.metrics.prompt_tokens += sum(map(len, ids))
-        used = sum(map(len, ids))
+        state.metrics.prompt_tokens += used
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
                 "model": service.name, "choices": choices,
                 "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used}}
     started = [start(state, body, p_ids, False, body.max_tokens, top, echo) for p_ids, echo in
                zip(ids, echoes, strict=True)]
-    answers = await asyncio.gather(*(reply.whole(queue, request.receive) for reply, queue in started))
-    if any(answer is None for answer in answers):
-        return Response(status_code=499)
-    usage = {k: sum(a["usage"][k] for a in answers) for k in answers[0]["usage"]}
-    choices = [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]
-    return answers[0] | {"choices": choices, "usage": usage}
+    return await as_choices(started, request, prompt_tokens=used)

@@ -58,9 +58,10 @@ def install(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":  # not JSON, or not UTF-8
             return HTTPError(400, f"the body is not valid JSON in UTF-8 ({first.get('msg', 'invalid')})").response()
         param, message = ".".join(p for p in loc if not union_member(p)), first.get("msg", "invalid")
-        field, colon, _ = message.removeprefix("Value error, ").partition(":")
+        rule = message.removeprefix("Value error, ")
+        field, colon, _ = rule.partition(":")
         if not param and colon and field.isidentifier():  # a rule across fields names the one it refuses first
-            return HTTPError(400, message.removeprefix("Value error, "), field).response()
+            return HTTPError(400, rule, field).response()
         return HTTPError(400, f"{param or 'body'}: {message}", param or None).response()
 
     @app.exception_handler(StarletteHTTPException)

@@ -30,6 +30,11 @@ def token_bytes(tokenizer: Any, token: int) -> bytes:
     return tokenizer.decode([token]).encode("utf-8")
 
 
+def token_text(tokenizer: Any, token: int) -> str:
+    """A token's text: its bytes read as UTF-8 (part of a character reads as U+FFFD)."""
+    return token_bytes(tokenizer, token).decode("utf-8", errors="replace")
+
+
 def shown(tokens: Sequence[int], logprobs: Sequence[Logprob], stops: Sequence[int]) -> list[tuple[int, Logprob]]:
     """The (token, log-probability) pairs of a reply's text: without the tokens that ended it."""
     stop = set(stops)
@@ -38,8 +43,7 @@ def shown(tokens: Sequence[int], logprobs: Sequence[Logprob], stops: Sequence[in
 
 def chat_content(tokenizer: Any, pairs: Sequence[tuple[int, Logprob]]) -> list[dict[str, Any]]:
     def entry(token: int, logprob: float) -> dict[str, Any]:
-        raw = token_bytes(tokenizer, token)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+        return {"token": token_text(tokenizer, token), "logprob": logprob, "bytes": list(token_bytes(tokenizer, token))}
 
     return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in tops]} for t, (lp, tops) in pairs]
 
@@ -48,11 +52,11 @@ def completion_columns(tokenizer: Any, pairs: Sequence[tuple[int, Logprob | None
     """The legacy columns; ``offset``: the characters before the first token (the echoed prompt's length)."""
     out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token, logprob in pairs:
-        text = token_bytes(tokenizer, token).decode("utf-8", errors="replace")
+        text = token_text(tokenizer, token)
         out["tokens"].append(text)
         out["token_logprobs"].append(None if logprob is None else logprob[0])
-        out["top_logprobs"].append(None if logprob is None else {
-            token_bytes(tokenizer, a).decode("utf-8", errors="replace"): alp for a, alp in logprob[1]})
+        tops = None if logprob is None else {token_text(tokenizer, a): alp for a, alp in logprob[1]}
+        out["top_logprobs"].append(tops)
         out["text_offset"].append(offset)
         offset += len(text)
     return out

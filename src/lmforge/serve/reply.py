@@ -21,7 +21,8 @@ from lmforge.serve.logprobs import chat_content, completion_columns, joined, sho
 class Reply:
     """The answer to one completion or chat completion (``state``: the server's ``Served``). Its queue receives
     ("text", new text) once a token and at the end (the engine's outputs stage decodes and cuts at stop strings),
-    then ("end", generation); ("gone", None) when the client left."""
+    then ("end", generation); ("gone", None) when the client left; with log-probabilities asked, ("token", id)
+    before each token's text (the tokens whose log-probabilities a streamed chunk carries)."""
 
     def __init__(self, state: Any, generation: Any, chat: bool, arrived: float, echo: tuple[str, list] | None = None,
                  logprobs: bool = False) -> None:
@@ -41,7 +42,7 @@ class Reply:
             return None
         g, tokenizer = self.generation, self.state.service.tokenizer
         end = len(g.logprobs) if upto is None else min(upto, len(g.logprobs))
-        stops = g.request.stop_ids or () if self.chat else ()  # a completion lists every token it generated
+        stops = (g.request.stop_ids or ()) if self.chat else ()  # a completion lists every token it generated
         pairs = shown(g.tokens[self.listed: end], g.logprobs[self.listed: end], stops)
         self.listed = max(self.listed, end)
         if self.chat:

@@ -167,7 +167,7 @@ class CompletionRequest(Sampling):
     @field_validator("prompt")
     @classmethod
     def prompts_given(cls, value: Any) -> Any:
-        many = value if isinstance(value, list) and value and not isinstance(value[0], int) else [value]
+        many = as_prompts(value)
         if not 1 <= len(many) <= MAX_PROMPTS:
             raise ValueError(f"1 to {MAX_PROMPTS} prompts")
         if any(len(p) == 0 for p in many):
@@ -185,8 +185,12 @@ class CompletionRequest(Sampling):
         return self
 
     def prompts(self) -> list[str | list[int]]:
-        p = self.prompt
-        return list(p) if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+        return as_prompts(self.prompt)
+
+
+def as_prompts(prompt: Any) -> list[Any]:
+    """A completion's ``prompt`` as a list of prompts: text, token ids, or a list of either."""
+    return list(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
 
 
 class EmbeddingRequest(Strict):

@@ -37,6 +37,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, Pipe
 from typing import Any, NamedTuple
@@ -125,9 +126,8 @@ class EngineSide:
         self.conn, self.service = conn, service
         self.engine: EngineThread = service.engine
         self.lock = threading.Lock()  # the engine's thread and the reader both send
-        self.ids: dict[Generation, int] = {}  # the requests in the engine, by their HTTP process's id
-        self.by_id: dict[int, Generation] = {}
-        self.sent: dict[Generation, int] = {}  # tokens handed on so far
+        self.by_id: dict[int, Generation] = {}  # the requests in the engine, by their HTTP process's id
+        self.held: dict[Generation, tuple[int, int]] = {}  # and each one's (id, tokens handed on so far)
         self.received, self.closed, self.error = 0, False, None
         self.engine.engine.sink = self.deliver
 
@@ -160,7 +160,7 @@ class EngineSide:
             except LmforgeError as err:  # checked in the HTTP process already: only a race can get here
                 self.send(("tokens", [(rid, [], 0, "error", str(err), [])], self.report()))
                 return
-            self.ids[generation], self.by_id[rid], self.sent[generation] = rid, generation, 0
+            self.by_id[rid], self.held[generation] = generation, (rid, 0)
         elif kind in ("cancel", "stop_at"):
             generation = self.by_id.get(args[0])
             if generation is not None:
@@ -184,16 +184,15 @@ class EngineSide:
         """The engine's sink: what the step gave each request it touched, and the load, in one message."""
         deltas = []
         for generation in dict.fromkeys(touched):
-            rid = self.ids.get(generation)
-            if rid is None:
+            if generation not in self.held:
                 continue
-            tokens, sent = generation.tokens, self.sent[generation]
+            (rid, sent), tokens = self.held[generation], generation.tokens
             deltas.append((rid, tokens[sent:], len(tokens), generation.finish_reason, generation.error,
                            generation.logprobs[sent:]))
             if generation.done:
-                del self.ids[generation], self.by_id[rid], self.sent[generation]
+                del self.held[generation], self.by_id[rid]
             else:
-                self.sent[generation] = len(tokens)
+                self.held[generation] = (rid, len(tokens))
         self.send(("tokens", deltas, self.report()))
 
     def report(self) -> Report:
@@ -208,7 +207,7 @@ class LinkedGeneration(Generation):
     rid: int
 
     def cancel(self) -> None:
-        if not self.cancelled:
+        if not self.cancelled and not self.done:  # an ended one is gone from the engine already
             self.cancelled = True
             self.link.send(("cancel", self.rid))
 
@@ -274,9 +273,8 @@ class EngineLink:
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Wait until ``until()`` (the engine steps in the other process)."""
-        stop = threading.Event()
         while not until():
-            stop.wait(0.05)
+            time.sleep(0.05)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Nothing to stop here: the pipe closes when this process exits (after saying why, if it must)."""

@@ -24,7 +24,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -247,11 +247,15 @@ class ModelService:
         self.check_characters(len(text), "prompt")
         return self.tokenizer.encode(text, add_special_tokens=special).ids
 
-    def detokenize(self, ids: list[int]) -> str:
-        """/detokenize: the text of ``ids`` (special tokens written as their names)."""
+    def in_vocabulary(self, ids: Iterable[int], field: str) -> None:
+        """Refuse, naming ``field``, a token id that is not in the tokenizer's vocabulary."""
         size = len(self.tokenizer.id_to_token)
         if (bad := next((i for i in ids if not 0 <= i < size), None)) is not None:
-            raise LmforgeError(f"tokens: token id {bad} is not in the vocabulary (0..{size - 1})")
+            raise LmforgeError(f"{field}: token id {bad} is not in the vocabulary (0..{size - 1})")
+
+    def detokenize(self, ids: list[int]) -> str:
+        """/detokenize: the text of ``ids`` (special tokens written as their names)."""
+        self.in_vocabulary(ids, "tokens")
         return self.tokenizer.decode(ids)
 
     def tokenizer_info(self) -> dict[str, Any]:
@@ -264,17 +268,12 @@ class ModelService:
 
     def check_bias(self, bias: dict[int, float] | None) -> dict[int, float] | None:
         """A request's logit_bias, its token ids in the vocabulary."""
-        size = len(self.tokenizer.id_to_token)
-        if bias and (bad := next((i for i in bias if i >= size), None)) is not None:
-            raise LmforgeError(f"logit_bias: token id {bad} is not in the vocabulary (0..{size - 1})")
+        self.in_vocabulary(bias or (), "logit_bias")
         return bias
 
     def token_prompt(self, ids: list[int], field: str = "prompt") -> list[int]:
         """A completion's prompt given as token ids: each in the vocabulary, the whole within the context."""
-        size = len(self.tokenizer.id_to_token)
-        bad = next((i for i in ids if not 0 <= i < size), None)
-        if bad is not None:
-            raise LmforgeError(f"{field}: token id {bad} is not in the vocabulary (0..{size - 1})")
+        self.in_vocabulary(ids, field)
         check_room(len(ids), 1, self.context, field)
         return ids
 

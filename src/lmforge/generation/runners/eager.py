@@ -91,7 +91,7 @@ class EagerRunner:
         self.settings = torch.zeros(4, s, device=self.device)  # rows: temperature, top_k, top_p, penalty
         self.settings[2:] = 1.0
         self.shift = torch.zeros(s, vocab, device=self.device)  # (S, V) added to the logits: OpenAI's bias, penalties
-        self.counts = torch.zeros(s, vocab, dtype=torch.int32, device=self.device)  # (S, V) times each token came
+        self.generated = torch.zeros(s, vocab, dtype=torch.bool, device=self.device)  # (S, V) tokens generated yet
         self.generators: list[torch.Generator | None] = [None] * s
         self.requests: list[Request | None] = [None] * s
         self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and self.keeps_prefixes() else None
@@ -141,7 +141,7 @@ class EagerRunner:
             if not self.seq2seq:
                 self.seen[i, torch.as_tensor(list(r.ids), device=self.device)] = True
         if shifts(r):  # OpenAI's bias and penalties: the penalties count generated tokens only
-            self.shift[i], self.counts[i] = 0.0, 0
+            self.shift[i], self.generated[i] = 0.0, False
             if r.logit_bias:
                 ids, bias = zip(*r.logit_bias.items(), strict=True)
                 self.shift[i, torch.tensor(ids, device=self.device)] = torch.tensor(bias, device=self.device)
@@ -151,9 +151,9 @@ class EagerRunner:
         r = self.requests[i]
         if r.repetition_penalty != 1.0:
             self.seen[i, token] = True
-        if r.presence_penalty or r.frequency_penalty:
-            first = int(self.counts[i, token]) == 0
-            self.counts[i, token] += 1
+        if r.presence_penalty or r.frequency_penalty:  # the shift holds the counts: each time -f, the first -p too
+            first = not bool(self.generated[i, token])
+            self.generated[i, token] = True
             self.shift[i, token] -= r.frequency_penalty + (r.presence_penalty if first else 0.0)
 
     def move(self, src: int, dst: int, columns: int, source: int) -> None:
@@ -162,7 +162,7 @@ class EagerRunner:
         self.caches.move(src, dst, columns, source if self.seq2seq else 0)
         self.settings[:, dst] = self.settings[:, src]
         self.seen[dst] = self.seen[src]
-        self.shift[dst], self.counts[dst] = self.shift[src], self.counts[src]
+        self.shift[dst], self.generated[dst] = self.shift[src], self.generated[src]
         self.src_mask[dst] = self.src_mask[src]
         self.generators[dst], self.requests[dst] = self.generators[src], self.requests[src]
 
