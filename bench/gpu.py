@@ -14,9 +14,10 @@ Rows (GPT-2 124M shape: 12 layers, d 768, 12 heads, FFN 3072, context 1024; bf16
     engine              1, 4, 16 concurrent requests arriving one per step (prompt 30, 128 new, greedy): the
                         engine's aggregate tokens/s and time to first token vs transformers batched and serial
     lmforge pretrain    the whole job (data, Trainer, checkpoints) on Shakespeare characters (byte-level, 257
-                        symbols), batch 16 x 1024, bf16 and compile by default on CUDA; tokens/s as the trainer logs
-                        them, after the compiling steps. nanoGPT's figure for the same job, 618k tokens/s on an
-                        H100, is the bar (nanoGPT cannot be installed here).
+                        symbols padded to 320), batch 16 x 1024, no biases, bf16 and compile by default on CUDA;
+                        tokens/s as the trainer logs them, after the compiling steps. The peer: nanoGPT's train.py
+                        on the same job in the same run (``--nanogpt DIR``: its three files, bench/nanogpt_peer.py);
+                        without it, its figure of issue 17 (618k tokens/s on an H100).
 
 MFU = model FLOPs per second / the bf16 matmul peak measured in this run (an 8192^3 matmul; the spec sheet's
 dense bf16 peak is printed beside it); model FLOPs per token are 6 N + 12 L T d for training and 2 N + 4 L t d for
@@ -117,7 +118,7 @@ def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, 
         lmforge_decode(ours, ids, new, True)()  # compiles the bf16 graphs (and records the CUDA graphs)
         fns = {"lmforge compiled": lmforge_decode(ours, ids, new, True),
                "lmforge eager": lmforge_decode(ours, ids, new, False), "transformers": hf_decode(hf, ids, new)}
-        if static_cache_available():
+        if static_cache_available() and not args.no_static:
             fns["transformers static+compile"] = hf_decode(hf, ids, new, cache_implementation="static")
         for fn in fns.values():
             fn()  # compiles what compiles, outside the timed rounds
@@ -179,8 +180,10 @@ def static_cache_available() -> bool:
     return "static" in STATIC_CACHE_IMPLEMENTATIONS
 
 
-def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: float, smoke: bool) -> dict:
-    """``lmforge pretrain`` on Shakespeare characters at the GPT-2 shape, tokens/s read from its own log."""
+def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: float, smoke: bool,
+                 nanogpt: str | None = None) -> dict:
+    """``lmforge pretrain`` on Shakespeare characters at the GPT-2 shape, tokens/s read from its own log; nanoGPT's
+    train.py on the same job after it (``nanogpt``: the folder of its files)."""
     from lmforge.workflows.pretrain import pretrain
 
     s = shapes.gpt
@@ -191,7 +194,7 @@ def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: f
                  "doc_separator": "blank-line", "eval_batches": 2},
         "model": {"preset": "gpt-tiny", "d_model": s.d, "n_layers": s.layers, "n_heads": s.heads,
                   "d_ff": s.ff, "max_positions": shapes.gpt_seq, "dropout": 0.0, "attention_dropout": 0.0,
-                  "vocab_multiple": 64},
+                  "vocab_multiple": 64, "bias": False},  # nanoGPT's run: bias=False
         "train": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": min(10, shapes.pretrain_steps // 2),
                   "max_steps": shapes.pretrain_steps, "batch_size": shapes.gpt_batch, "betas": [0.9, 0.95],
                   "weight_decay": 0.1, "grad_clip": 1.0,
@@ -206,10 +209,21 @@ def pretrain_row(shapes: Shapes, device: torch.device, text: str | None, peak: f
     steady = speeds[2:] if len(speeds) > 3 else speeds[-1:]  # the first intervals include compiling
     vocab = Sizes(vocab=257, d=s.d, layers=s.layers, heads=s.heads, ff=s.ff)
     flops = 6 * matmul_weights(vocab) + 12 * s.layers * shapes.gpt_seq * s.d
-    nanogpt = 618_000.0 if not smoke else float("nan")
+    peer, peer_name = (618_000.0 if not smoke else float("nan")), "nanoGPT (issue 17 figure)"
+    extra = {}
+    if nanogpt:
+        from nanogpt_peer import nanogpt_tokens_per_s
+
+        got = nanogpt_tokens_per_s(Path(nanogpt), Path(text).read_text(encoding="utf-8"), shapes.gpt_batch,
+                                   shapes.gpt_seq, shapes.pretrain_steps, shapes.pretrain_log,
+                                   skip=min(30, shapes.pretrain_steps // 2), device=str(device),
+                                   compile=device.type == "cuda", shape=(s.layers, s.heads, s.d))
+        peer, peer_name = got["tokens_per_s"], f"nanoGPT train.py {got['commit'][:8]}, same job, same run"
+        extra = {"peer_intervals": got["intervals"], "peer_final_loss": got["final_loss"]}
     r = row(f"lmforge pretrain end to end, Shakespeare chars (batch {shapes.gpt_batch} x {shapes.gpt_seq})",
-            statistics.median(steady), nanogpt, flops, peak)
-    r["peer_name"], r["final_loss"] = "nanoGPT (issue 17 figure)", round(result.loss, 4)
+            statistics.median(steady), peer, flops, peak)
+    r.update(extra, lmforge_intervals=[round(v) for v in speeds])
+    r["peer_name"], r["final_loss"] = peer_name, round(result.loss, 4)
     r["eval_loss"] = (result.eval or {}).get("eval_loss")
     return r
 
@@ -254,6 +268,13 @@ def main() -> None:
     p.add_argument("--only", choices=["train", "decode", "engine", "pretrain"], action="append",
                    help="run only these")
     p.add_argument("--text", help="the Shakespeare text for the pretrain row (no network: nothing is fetched)")
+    p.add_argument("--nanogpt", help="a folder holding nanoGPT's model.py, train.py, configurator.py: the pretrain "
+                   "row's peer, run on the same job after lmforge (bench/nanogpt_peer.py)")
+    p.add_argument("--pretrain-steps", type=int, help="steps of each pretrain run (default 60; 120 with --nanogpt)")
+    p.add_argument("--new-tokens", type=int, help="new tokens of the decoding rows (default 256)")
+    p.add_argument("--gen-rounds", type=int, help="timed rounds of the decoding rows (default 3)")
+    p.add_argument("--no-static", action="store_true", help="decoding rows without transformers' static cache + "
+                   "compile (its compiling takes minutes)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu.jsonl"),
                    help="append each row here as JSON lines as soon as it finishes")
     p.add_argument("--decode-batches", type=int, nargs="+", help="batch sizes of the decoding rows (default 1 16)")
@@ -266,7 +287,12 @@ def main() -> None:
         shapes = dataclasses.replace(shapes, decode_batches=tuple(args.decode_batches))
     if args.concurrency:
         shapes = dataclasses.replace(shapes, concurrency=tuple(args.concurrency))
-    args.warmup, args.rounds, args.steps, args.gen_rounds = (1, 2, 2, 1) if smoke else (3, 5, 5, 3)
+    if args.new_tokens:
+        shapes = dataclasses.replace(shapes, new_tokens=args.new_tokens)
+    if args.pretrain_steps or (args.nanogpt and not smoke):
+        shapes = dataclasses.replace(shapes, pretrain_steps=args.pretrain_steps or 120)
+    args.warmup, args.rounds, args.steps, rounds = (1, 2, 2, 1) if smoke else (3, 5, 5, 3)
+    args.gen_rounds = args.gen_rounds or rounds
     cuda = device.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -283,7 +309,7 @@ def main() -> None:
     jobs = {"train": lambda: train_rows(shapes, device, amp, args, peak),
             "decode": lambda: decode_rows(shapes, device, dtype, args, peak),
             "engine": lambda: engine_rows(shapes, device, dtype, smoke),
-            "pretrain": lambda: [pretrain_row(shapes, device, args.text, peak, smoke)] if args.text else
+            "pretrain": lambda: [pretrain_row(shapes, device, args.text, peak, smoke, args.nanogpt)] if args.text else
             [{"row": "lmforge pretrain", "skipped": "no --text: pass the Shakespeare text (this machine fetches "
               "nothing)"}]}
     rows: list[dict] = []

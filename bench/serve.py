@@ -4,7 +4,8 @@ one run; then a soak of ``lmforge serve``.
     .venv/bin/python bench/serve.py                         # SmolLM2-135M-Instruct, 1 / 4 / 16 clients
     .venv/bin/python bench/serve.py --skip-transformers --soak 2000
     .venv/bin/python bench/serve.py --prompts long --new 128                 # replies near 128 tokens
-    python3 bench/serve.py --device cuda --dtype bf16 --context 512 --requests 4  # on a GPU (compiled)
+    python3 bench/serve.py --device cuda --dtype bf16 --servers lmforge lmforge-eager transformers-cb \
+        --clients 1 4 16 64 --slots 64                                   # on a GPU (CUDA graphs, eager, CB)
 
 Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
 the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
@@ -42,13 +43,18 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colours.", "H
              "Write one sentence about the sea.", "What is two plus two?", "Say hello in Spanish.",
              "What do bees make?", "Name a planet of the solar system."]
 # --prompts long: questions whose answers run to about --new tokens, so that decoding, not the prompt, is the work
+SERVERS = {"lmforge": "lmforge serve", "lmforge-eager": "lmforge serve --no-compile",
+           "transformers": "transformers serve --no-continuous-batching",
+           "transformers-cb": "transformers serve --continuous-batching"}
 ESSAYS = ["Write a short story about a cat who learns to fly.", "Explain how a rainbow forms, step by step.",
           "Describe a day in the life of a medieval farmer.", "Write a poem about autumn leaves.",
           "Explain to a child why the sky is blue.", "Give five tips for learning a new language.",
           "Describe the water cycle in detail.", "Write a letter to a friend about your summer holiday."]
 
 
-def start(command: list[str], port: int, threads: int, log: Path) -> subprocess.Popen:
+def start(command: list[str], port: int, threads: int, log: Path) -> tuple[subprocess.Popen, float]:
+    """The server started, and the seconds until it answered /v1/models (its start-up: import, load, warm-up)."""
+    began = time.monotonic()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": PYTHONPATH, "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -56,12 +62,12 @@ def start(command: list[str], port: int, threads: int, log: Path) -> subprocess.
     while time.monotonic() < deadline:
         try:
             if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
-                return proc
+                return proc, time.monotonic() - began
         except requests.RequestException:
             pass
         if proc.poll() is not None:
             raise SystemExit(f"{command[0]} exited ({proc.returncode}); see {log}")
-        time.sleep(1)
+        time.sleep(0.25)
     proc.kill()
     raise SystemExit(f"{' '.join(command[:3])} did not answer within 10 minutes; see {log}")
 
@@ -192,44 +198,78 @@ def main() -> None:
                    help="both servers' weights (int8, int4: lmforge's quantized layers, with --skip-transformers)")
     p.add_argument("--context", type=int, help="lmforge serve --context (fewer compiled graphs on a GPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="lmforge serve --compile / --no-compile (default: lmforge's own, on for CUDA)")
+                   help="the 'lmforge' server's --compile / --no-compile (default: lmforge's own: CUDA graphs on "
+                        "CUDA)")
+    p.add_argument("--servers", nargs="+", choices=SERVERS, default=["lmforge", "transformers", "transformers-cb"],
+                   help="which servers, in this order (lmforge-eager: lmforge serve --no-compile)")
+    p.add_argument("--slots", type=int, default=16, help="lmforge serve --slots")
+    p.add_argument("--budget", type=float, default=0, help="seconds of load a server may take: the client counts "
+                   "left when it is spent are skipped with a row saying so (0: no limit)")
+    p.add_argument("--out", help="also append every row here (JSON lines)")
+    p.add_argument("--lmforge-args", default="", help="more options for the lmforge servers (one string)")
+    p.add_argument("--logs", help="a folder for the servers' logs (default: the work folder, removed at the end)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = p.parse_args()
-    if args.dtype in ("int8", "int4") and not args.skip_transformers:
+    if args.skip_transformers:
+        args.servers = [s for s in args.servers if not s.startswith("transformers")]
+    if args.dtype in ("int8", "int4") and any(s.startswith("transformers") for s in args.servers):
         p.error(f"--dtype {args.dtype}: lmforge's quantized layers only; add --skip-transformers")
     with converted("lmforge-serve-bench-", args.keep, env={**os.environ, "PYTHONPATH": PYTHONPATH}) as work:
         run(args, work)
 
 
-def run(args: argparse.Namespace, work: Path) -> None:
-    lmforge = [sys.executable, "-m", "lmforge.cli"]
+def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
+    """Each server's command line, by name."""
+    lmforge = [sys.executable, "-m", "lmforge.cli", "serve", "--model", str(work / "lmforge"), "--slots",
+               str(args.slots), "--threads", str(args.threads), "--port", str(args.port), "--device", args.device,
+               "--dtype", args.dtype, *(["--context", str(args.context)] if args.context else []),
+               *args.lmforge_args.split()]
     switch = [] if args.compile is None else ["--compile" if args.compile else "--no-compile"]
-    switch += ["--context", str(args.context)] if args.context else []
-    servers = [("lmforge serve", [*lmforge, "serve", "--model", str(work / "lmforge"), "--slots", "16",
-                                  "--threads", str(args.threads), "--port", str(args.port), "--device", args.device,
-                                  "--dtype", args.dtype, *switch])]
+    hf = [str(Path(sys.executable).parent / "transformers"), "serve", str(work / "hf"), "--device", args.device,
+          "--dtype", {"fp32": "float32", "bf16": "bfloat16"}.get(args.dtype, args.dtype), "--port", str(args.port)]
+    if not Path(hf[0]).exists():  # an environment whose scripts are elsewhere (a --target install)
+        hf[0:1] = [sys.executable, "-m", "transformers.cli.transformers"]
+    return {"lmforge": [*lmforge, *switch], "lmforge-eager": [*lmforge, "--no-compile"],
+            "transformers": [*hf, "--no-continuous-batching"], "transformers-cb": [*hf, "--continuous-batching"]}
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     compiled = args.device.startswith("cuda") if args.compile is None else args.compile  # as lmforge serve resolves it
-    if not args.skip_transformers:
-        hf = str(Path(sys.executable).parent / "transformers")
-        for cb in ("--no-continuous-batching", "--continuous-batching"):
-            servers.append((f"transformers serve {cb}", [hf, "serve", str(work / "hf"), cb, "--device", args.device,
-                                                         "--dtype", {"fp32": "float32", "bf16": "bfloat16"}[args.dtype],
-                                                         "--port", str(args.port)]))
     questions = ESSAYS if args.prompts == "long" else QUESTIONS
-    for name, command in servers:
-        proc = start(command, args.port, args.threads, work / f"{name.split()[0]}.log")
+    for name in args.servers:
+        command = commands(args, work)[name]
+        log = Path(args.logs or work) / f"{name}.log"
+        try:
+            proc, startup = start(command, args.port, args.threads, log)
+        except SystemExit as err:  # this server is reported; the others still run
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+            emit({"bench": "serve", "server": SERVERS[name], "error": f"{err}: {' | '.join(tail)}"}, args.out)
+            continue
         model = requests.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["id"]
+        began = time.monotonic()
         try:
             load(args.port, model, 1, 1, 4, QUESTIONS)  # warm-up
             for clients in args.clients:
-                row = {"bench": "serve", "server": name, "threads": args.threads, "new_tokens": args.new,
-                       "device": args.device, "dtype": args.dtype, "compile": compiled and name == "lmforge serve",
-                       "prompts": args.prompts, **load(args.port, model, clients, args.requests, args.new, questions)}
-                print(json.dumps(row), flush=True)
-            if args.soak and name == "lmforge serve":
-                print(json.dumps({"bench": "serve-soak", **soak(args.port, proc, args.soak)}), flush=True)
+                row = {"bench": "serve", "server": SERVERS[name], "threads": args.threads, "new_tokens": args.new,
+                       "device": args.device, "dtype": args.dtype, "slots": args.slots if name.startswith("lm")
+                       else None, "compile": compiled if name == "lmforge" else False, "prompts": args.prompts,
+                       "startup_s": round(startup, 1)}
+                if args.budget and time.monotonic() - began > args.budget:
+                    row.update(clients=clients, skipped=f"the server's {args.budget:.0f} s of load were spent")
+                else:
+                    row.update(load(args.port, model, clients, args.requests, args.new, questions))
+                emit(row, args.out)
+            if args.soak and name == "lmforge":
+                emit({"bench": "serve-soak", **soak(args.port, proc, args.soak)}, args.out)
         finally:
             stop(proc)
+
+
+def emit(row: dict, out: str | None) -> None:
+    print(json.dumps(row), flush=True)
+    if out:
+        with Path(out).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

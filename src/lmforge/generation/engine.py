@@ -34,6 +34,7 @@ from lmforge.generation.requests import Generation, Request, check_room, end
 from lmforge.generation.runners import make_runner
 from lmforge.generation.sampling import token_logprobs
 from lmforge.generation.scheduler import Scheduler
+from lmforge.generation.slots import upload
 from lmforge.models.interfaces import is_encoder_decoder, special_ids
 
 __all__ = ["Engine", "Generation", "Request"]
@@ -45,7 +46,7 @@ class Engine:
     slots: requests decoded together. capacity: the longest text a slot holds (prompt + new tokens; default the
     model's context, at most 2048). memory: an encoder-decoder's longest source. compile: compile the step before
     serving it (default: on CUDA). prefix_blocks: blocks of prompt beginnings kept for reuse (prefix.py).
-    runner: "eager" | "cpu" | "compiled" to choose the runner (default: the device's; runners/__init__.py).
+    runner: "eager" | "cpu" | "compiled" | "graphs" to choose the runner (default: the device's; runners/__init__.py).
     sink: what receives the requests each step touched (default: the outputs stage, on this thread).
     """
 
@@ -165,7 +166,7 @@ class Engine:
             logits = self.runner.step([s.token if s else self.ids.pad for s in held],
                                       [s.length if s else 0 for s in held], [s.source if s else 1 for s in held])
             if len(active) < len(held):  # a hole below the highest held slot: keep the held rows
-                logits = logits.index_select(0, torch.tensor(active, device=logits.device))  # (A, V)
+                logits = logits.index_select(0, upload(active, logits.device))  # (A, V)
         except Exception:
             return self.decode_alone(active)
         for i, token, row in zip(active, self.runner.choose(logits, active), logits, strict=True):

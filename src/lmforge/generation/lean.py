@@ -47,11 +47,15 @@ from lmforge.models.decoder import Decoder
 from lmforge.nn.layers import TransformerLayer
 
 
-def fits(model: nn.Module, caches: SlotCaches) -> bool:
-    """Whether the lean step computes this model's decoding step (else the model's forward does)."""
-    if not isinstance(model, Decoder) or caches.buffer is None:
+def fits(model: nn.Module, caches: SlotCaches | None = None) -> bool:
+    """Whether the lean step computes this model's decoding step (else the model's forward does): a decoder whose
+    layers' keys and values share one shape (``caches``, when made: held in one buffer)."""
+    if not isinstance(model, Decoder) or (caches is not None and caches.buffer is None):
         return False
-    return all(layer.self_attn.q_norm is None and layer.self_attn.d_qk % 2 == 0 for layer in model.layers)
+    attention = [layer.self_attn for layer in model.layers]
+    if len({(a.n_kv_heads, a.d_qk, a.d_v) for a in attention}) != 1 or attention[0].d_qk != attention[0].d_v:
+        return False
+    return all(a.q_norm is None and a.d_qk % 2 == 0 for a in attention)
 
 
 _TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> Wᵀ, a view made once
@@ -119,7 +123,7 @@ class LeanStep:
             sin = torch.cat([-sin[:, : self.d // 2], sin[:, self.d // 2:]], dim=-1)  # rotate_half's signs
             self.cos = torch.cat([cos, torch.ones_like(cos[:1])])
             self.sin = torch.cat([sin, torch.zeros_like(sin[:1])])
-        self.zero, self.minus_inf = (torch.tensor(v, dtype=weight.dtype, device=weight.device)
+        self.zero, self.minus_inf = (torch.full((), v, dtype=weight.dtype, device=weight.device)
                                      for v in (0.0, float("-inf")))
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, columns: int, first: int = 0) -> torch.Tensor:

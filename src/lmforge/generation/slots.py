@@ -73,6 +73,20 @@ def arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device)
 
 
+def upload(values: Sequence | torch.Tensor, device: torch.device, dtype: torch.dtype = torch.long,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Host values (a list, a list of equal lists, or a CPU tensor) as a tensor on ``device`` (into ``out`` when
+    given), without waiting for the device: on an accelerator through pinned memory and a non-blocking copy, queued
+    behind the work already sent (a tensor made from host values straight on the device is copied from pageable memory,
+    which waits for the device: a host sync). On a CPU (or the meta device) a plain tensor."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    if out is not None:
+        return out.copy_(host, non_blocking=True)
+    return host.to(device, non_blocking=True) if device.type != "cpu" else host
+
+
 def bucket(size: int, sizes: Sequence[int]) -> int:
     """The smallest bucket that holds ``size``.
 

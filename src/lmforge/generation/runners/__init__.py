@@ -3,10 +3,13 @@ change between them).
 
     eager.py      EagerRunner     the readable reference: plain calls, exact shapes (other devices; parity tests)
     cpu.py        CpuRunner       packed products, the thread policy, exact rows, one compiled step (compile=True)
-    compiled.py   CompiledRunner  a graph per bucket, CUDA graphs on a GPU (the default on CUDA)
+    graphs.py     GraphRunner     the lean step recorded once per column width as a CUDA graph (the default on
+                                  CUDA for decoders; seconds to record, nothing compiled)
+    compiled.py   CompiledRunner  ``torch.compile`` per bucket (on CUDA: models the lean step does not fit)
 
-``make_runner`` picks one; ``compile`` means one thing everywhere: compile the step before serving it (on a CPU
-the one dynamic graph when the model is a float32 decoder, else a graph per bucket).
+``make_runner`` picks one; ``compile`` means one thing everywhere: make the step's fast form before serving it (on
+a CPU the one dynamic graph when the model is a float32 decoder, else a graph per bucket; on CUDA the recorded
+graphs, or compiled ones for models the lean step does not fit). ``compile=False`` on CUDA: the eager runner.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.generation.runners.eager import EagerRunner
 
-KINDS = ("eager", "cpu", "compiled")
+KINDS = ("eager", "cpu", "compiled", "graphs")
 
 
 def make_runner(model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
                 prefix_blocks: int = 0, pad_id: int = 0, compile: bool | None = None,
                 kind: str | None = None) -> EagerRunner:
     """The runner for ``model`` on its device (``kind`` to choose one by name; see the module docstring)."""
+    from lmforge.generation.lean import fits
     from lmforge.generation.runners.compiled import CompiledRunner
     from lmforge.generation.runners.cpu import CpuRunner, fits_one_graph
+    from lmforge.generation.runners.graphs import GraphRunner
 
     if kind is not None and kind not in KINDS:
         raise LmforgeError(f"runner: {kind!r} is not one of {', '.join(KINDS)}")
@@ -32,9 +37,11 @@ def make_runner(model: nn.Module, slots: int, capacity: int, memory: int = 0, st
     if kind is None:
         if device == "cpu":
             kind = "compiled" if compile and not fits_one_graph(model) else "cpu"
+        elif compile if compile is not None else device == "cuda":
+            kind = "graphs" if device == "cuda" and fits(model) else "compiled"
         else:
-            kind = "compiled" if (compile if compile is not None else device == "cuda") else "eager"
+            kind = "eager"
     args = (model, slots, capacity, memory, start_id, prefix_blocks, pad_id)
     if kind == "cpu":
         return CpuRunner(*args, compile=bool(compile))
-    return CompiledRunner(*args) if kind == "compiled" else EagerRunner(*args)
+    return {"compiled": CompiledRunner, "graphs": GraphRunner, "eager": EagerRunner}[kind](*args)

@@ -24,7 +24,7 @@ from torch import nn
 from lmforge.generation.prefix import PrefixCache
 from lmforge.generation.requests import Generation, Request
 from lmforge.generation.sampling import draw
-from lmforge.generation.slots import SlotCaches, bucket, multiples
+from lmforge.generation.slots import SlotCaches, bucket, multiples, upload
 from lmforge.models.interfaces import is_encoder_decoder
 
 Arrivals = list[tuple[int, Generation]]
@@ -91,7 +91,7 @@ class EagerRunner:
         self.settings = torch.zeros(4, s, device=self.device)  # rows: temperature, top_k, top_p, penalty
         self.settings[2:] = 1.0
         self.shift = torch.zeros(s, vocab, device=self.device)  # (S, V) added to the logits: OpenAI's bias, penalties
-        self.generated = torch.zeros(s, vocab, dtype=torch.bool, device=self.device)  # (S, V) tokens generated yet
+        self.generated: list[set[int]] = [set() for _ in range(s)]  # each slot's tokens generated yet (host)
         self.generators: list[torch.Generator | None] = [None] * s
         self.requests: list[Request | None] = [None] * s
         self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and self.keeps_prefixes() else None
@@ -135,16 +135,18 @@ class EagerRunner:
         self.requests[i] = r
         self.generators[i] = r.generator or (torch.Generator(self.device).manual_seed(r.seed)
                                              if r.seed is not None else None)
-        self.settings[:, i] = torch.tensor([r.temperature, r.top_k or 0, r.top_p or 1.0, r.repetition_penalty])
+        upload([r.temperature, r.top_k or 0, r.top_p or 1.0, r.repetition_penalty], self.device, torch.float32,
+               out=self.settings[:, i])
         if r.repetition_penalty != 1.0:  # the tokens of the text so far: a decoder's starts with its prompt
             self.seen[i] = False
             if not self.seq2seq:
-                self.seen[i, torch.as_tensor(list(r.ids), device=self.device)] = True
+                self.seen[i].index_fill_(0, upload(list(r.ids), self.device), True)
         if shifts(r):  # OpenAI's bias and penalties: the penalties count generated tokens only
-            self.shift[i], self.generated[i] = 0.0, False
+            self.shift[i] = 0.0
+            self.generated[i] = set()
             if r.logit_bias:
                 ids, bias = zip(*r.logit_bias.items(), strict=True)
-                self.shift[i, torch.tensor(ids, device=self.device)] = torch.tensor(bias, device=self.device)
+                self.shift[i].index_copy_(0, upload(ids, self.device), upload(bias, self.device, torch.float32))
 
     def note(self, i: int, token: int) -> None:
         """Slot i's text now holds ``token`` (for its repetition penalty, and OpenAI's penalties)."""
@@ -152,8 +154,8 @@ class EagerRunner:
         if r.repetition_penalty != 1.0:
             self.seen[i, token] = True
         if r.presence_penalty or r.frequency_penalty:  # the shift holds the counts: each time -f, the first -p too
-            first = not bool(self.generated[i, token])
-            self.generated[i, token] = True
+            first = token not in self.generated[i]
+            self.generated[i].add(token)
             self.shift[i, token] -= r.frequency_penalty + (r.presence_penalty if first else 0.0)
 
     def move(self, src: int, dst: int, columns: int, source: int) -> None:
@@ -187,13 +189,11 @@ class EagerRunner:
             for i, ids in zip(slots, prompts, strict=True):
                 self.prefix.load(i, ids, start)
         width = bucket(max(len(ids) - start for ids in prompts), self.prompt_buckets)
-        padded = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (B, P_b) right-padded
-        for row, ids in enumerate(prompts):
-            padded[row, : len(ids) - start] = torch.as_tensor(list(ids[start:]), dtype=torch.long)
-        padded = padded.to(self.device)
-        layers = self.caches.prefill(torch.tensor(slots, device=self.device), start)
+        padded = upload([[*ids[start:], *[self.pad_id] * (width - len(ids) + start)] for ids in prompts],
+                        self.device)  # (B, P_b) right-padded
+        layers = self.caches.prefill(upload(slots, self.device), start)
         if not self.seq2seq:
-            last = torch.tensor([len(ids) - 1 - start for ids in prompts], device=self.device)  # (B,)
+            last = upload([len(ids) - 1 - start for ids in prompts], self.device)  # (B,)
             return self.call_prefill(layers, padded, last)
         (i,), (ids,) = slots, prompts
         self.src_mask[i] = False
@@ -220,7 +220,7 @@ class EagerRunner:
         token_rows, lengths_t, columns = self.step_inputs(tokens, lengths, rows)
         width = len(token_rows)
         memory = bucket(max(sources), self.prompt_buckets) if self.seq2seq else 0
-        index = torch.tensor(rows, device=self.device) if rows is not None else None
+        index = upload(rows, self.device) if rows is not None else None
         layers = self.caches.step(lengths_t, columns, memory, index)
         fn = self.step_fn if index is None else self.plain_step_fn
         if self.seq2seq:
@@ -235,8 +235,8 @@ class EagerRunner:
         """A step's tokens and lengths (R_b,), padded to its row bucket (``rows``: exactly those), and the columns
         it reads."""
         pad = (len(lengths) if rows is not None else bucket(len(lengths), self.row_buckets)) - len(lengths)
-        token_rows = torch.tensor(tokens + [self.pad_id] * pad, device=self.device)  # (R_b,)
-        lengths_t = torch.tensor(lengths + [0] * pad, device=self.device)  # (R_b,)
+        token_rows = upload(tokens + [self.pad_id] * pad, self.device)  # (R_b,): tensors of their own (a compiled
+        lengths_t = upload(lengths + [0] * pad, self.device)  # (R_b,)     step guards on views' offsets)
         return token_rows, lengths_t, bucket(max(lengths) + 1, self.capacity_buckets)
 
     def call_step(self, fn, *args: torch.Tensor | list | int) -> torch.Tensor:
@@ -245,7 +245,7 @@ class EagerRunner:
 
     def choose(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
         """The next token of each of these slots from its logits (len(slots), V), by the slot's own settings."""
-        index = torch.tensor(slots, device=self.device)
+        index = upload(slots, self.device)
         held = [self.requests[i] for i in slots]
         penalised = any(r.repetition_penalty != 1.0 for r in held)
         if any(shifts(r) for r in held):  # (R, V): each row's own shift (zero for the others)

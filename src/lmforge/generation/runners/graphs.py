@@ -1,0 +1,144 @@
+"""The graph runner: the lean decoding step (generation/lean.py) recorded once as a CUDA graph and replayed.
+
+On a GPU a small model's step is bound by the host: the lean step launches about 18 kernels a layer, each a few
+microseconds of Python and dispatch for a kernel that runs in one. A CUDA graph records those launches once and
+replays them in one call, so the host's share of a step becomes one ``replay``. Recording needs everything the
+step reads at fixed addresses and every shape fixed:
+
+    inputs    the tokens and lengths of the rows, (2, S) on the device, written before each replay by one
+              non-blocking copy from pinned memory (``upload``: no host sync)
+    caches    the slots' keys and values, allocated once (slots.py), never moved
+    shapes    every step computes all S slots (a free slot's row is padding at column 0), reading the first C_b
+              columns of the caches: one graph per column bucket (256, 512, ... the capacity), made at warm-up
+    outputs   the logits (S, V) of each graph, at a fixed address, read before the next replay
+
+Stepping all slots costs little on a GPU (a small model's step reads its weights once however many rows there
+are) and keeps a row's bits independent of its neighbours: the products always have S rows, so the same kernels
+run whatever mix of requests is held, and a request's tokens alone equal its tokens beside others. Prefills run
+eagerly, one prompt at a time (a graph per prompt width would cost start-up time, and a prompt's bits then do not
+depend on the others'); the host's only wait is the chosen tokens (``choose``'s one read).
+
+On a device without CUDA graphs (a CPU: the tests) a "graph" is the same step called again on the same static
+buffers, so that everything but the recording itself runs and is tested everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from lmforge.errors import LmforgeError
+from lmforge.generation.lean import LeanStep, fits
+from lmforge.generation.runners.eager import EagerRunner
+from lmforge.generation.slots import bucket, buckets, upload
+
+
+class Replay:
+    """What a CUDA graph does, as plain calls: ``replay()`` runs ``fn`` on the static inputs again; ``output`` is
+    the last result (a device without CUDA graphs)."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+        self.fn = fn
+        self.output = fn()
+
+    def replay(self) -> None:
+        self.output = self.fn()
+
+
+class Recorded:
+    """``fn`` recorded as a CUDA graph: run twice on a side stream (kernels chosen, workspaces made), recorded in
+    the runner's memory pool (graphs share it: they never run at once), replayed by ``replay``."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], pool: tuple | None) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.output = fn()  # (S, V), at a fixed address: each replay writes it again
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class GraphRunner(EagerRunner):
+    """The eager runner whose decoding step is the lean step, recorded once per column bucket (module docstring)."""
+
+    name = "graphs"
+
+    def __init__(self, model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
+                 prefix_blocks: int = 0, pad_id: int = 0) -> None:
+        super().__init__(model, slots, capacity, memory, start_id, 0, pad_id)  # no prefix cache: one path a prompt
+        if not fits(model, self.caches):
+            raise LmforgeError("runner: the graph runner records the lean step of a decoder (generation/lean.py); "
+                               "this model steps through its forward (use the compiled runner)")
+        self.lean = LeanStep(model, self.caches)
+        rows = self.row_buckets[-1]
+        self.inputs = torch.zeros(2, rows, dtype=torch.long, device=self.device)  # (2, S): tokens, lengths
+        self.inputs[0] = pad_id
+        self.graphs: dict[int, Replay | Recorded] = {}  # columns -> the recorded step
+        self.recorded = 0  # graphs recorded since the runner was made (warm-up's, and any a step had to make)
+        self.seconds = 0.0  # time spent recording them
+        self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+
+    def rows_for(self, slots: int) -> list[int]:
+        """Every step computes all the slots (see the module docstring)."""
+        return [slots]
+
+    def columns_for(self, capacity: int, longest_prompt: int) -> tuple[list[int], list[int]]:
+        """Columns in powers of two from 256 (a graph each); prompts, eager, padded to multiples of 8 tokens."""
+        return buckets(min(256, capacity), capacity), super().columns_for(capacity, longest_prompt)[1]
+
+    def groups(self, arrivals):
+        """One prompt a prefill (a row's bits then never depend on another prompt's)."""
+        return [(0, [a]) for a in arrivals]
+
+    def step(self, tokens: list[int], lengths: list[int], sources: list[int],
+             rows: list[int] | None = None) -> torch.Tensor:
+        """Rows [0, R) of the slots, computed as all S: their tokens and lengths copied into the graph's inputs
+        (the other rows padding), the graph of the columns they need replayed; logits (R, V). ``rows``: chosen
+        slots one by one (a failed step retried), stepped eagerly through the model's forward."""
+        if rows is not None:
+            return super().step(tokens, lengths, sources, rows)
+        n, pad = len(lengths), self.row_buckets[-1] - len(lengths)
+        upload([tokens + [self.pad_id] * pad, lengths + [0] * pad], self.device, out=self.inputs)
+        graph = self.graph(bucket(max(lengths) + 1, self.capacity_buckets))
+        graph.replay()
+        return graph.output[:n]
+
+    def graph(self, columns: int) -> Replay | Recorded:
+        """The recorded step reading ``columns`` columns, recorded now if warm-up did not (counted in
+        ``recorded``: a server warms up, so that no request waits for a recording)."""
+        if columns not in self.graphs:
+            began = time.perf_counter()
+
+            def fn() -> torch.Tensor:
+                return self.lean(self.inputs[0], self.inputs[1], columns)
+
+            with torch.inference_mode():
+                self.graphs[columns] = Recorded(fn, self.pool) if self.device.type == "cuda" else Replay(fn)
+            self.recorded += 1
+            self.seconds += time.perf_counter() - began
+        return self.graphs[columns]
+
+    def warmup(self) -> int:
+        """Record the step of every column bucket before the first request (on padding: the caches' column 0 of
+        every slot is written, then zeroed again); the number of graphs."""
+        with torch.inference_mode():
+            self.inputs[0], self.inputs[1] = self.pad_id, 0
+            for columns in self.capacity_buckets:
+                self.graph(columns)
+            for kv in self.caches.all():  # as new: unwritten columns hold 0
+                kv.k.zero_()
+                kv.v.zero_()
+        return len(self.graphs)
+
+    def describe(self) -> str:
+        kind = "CUDA graphs" if self.device.type == "cuda" else "replayed steps (no CUDA graphs on this device)"
+        return super().describe() + f"; {len(self.capacity_buckets)} {kind}, one per column width"
