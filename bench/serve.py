@@ -245,7 +245,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
             tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
             emit({"bench": "serve", "server": SERVERS[name], "error": f"{err}: {' | '.join(tail)}"}, args.out)
             continue
-        model = requests.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["id"]
+        listed = requests.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"]
+        model = listed[0]["id"] if listed else str(work / "hf")  # transformers serve lists its hub cache only
         began = time.monotonic()
         try:
             load(args.port, model, 1, 1, 4, QUESTIONS)  # warm-up
