@@ -5,6 +5,7 @@ one run; then a soak of ``lmforge serve``.
     .venv/bin/python bench/serve.py --skip-transformers --soak 2000
     .venv/bin/python bench/serve.py --prompts long --new 128                 # replies near 128 tokens
     python3 bench/serve.py --device cuda --dtype bf16 --context 512 --requests 4  # on a GPU (compiled)
+    .venv/bin/python bench/serve.py --skip-transformers --clients 16 --prompts long --constrained 0.5  # JSON's cost
 
 Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
 the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
@@ -14,6 +15,10 @@ and to the last token, errors, the clients' own CPU use (CPU seconds a second: t
 lmforge its engine's steps in the load, their mean time and the engine's busy share (/metrics). transformers serves
 the same model converted to a Hugging Face folder (``lmforge convert --to-hf``): the same weights, the same chat
 template, the same greedy tokens.
+
+``--constrained F``: each load runs twice on the same server, free, then with the first F of its clients asking for
+``response_format`` (a JSON schema: ``{"answer": string}``, the string long enough to run to ``--new`` tokens);
+the second row's ``constrained_clients`` says how many.
 
 The soak sends ``--soak`` requests (random lengths; one in four abandoned after its first token) and reads the
 server's resident memory after the first 10% and at the end.
@@ -74,14 +79,23 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def one(client, model: str, question: str, new: int) -> dict:
-    """A streamed chat completion: (time to first token, total seconds, completion tokens) or the error."""
+# a JSON object whose string runs past --new tokens: constrained replies as long as free ones (--prompts long), so
+# that tokens/s compares the steps, not the replies' lengths
+ANSWER = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+    "type": "object", "properties": {"answer": {"type": "string", "minLength": 2000}}, "required": ["answer"],
+    "additionalProperties": False}}}
+
+
+def one(client, model: str, question: str, new: int, constrained: bool = False) -> dict:
+    """A streamed chat completion: (time to first token, total seconds, completion tokens) or the error;
+    ``constrained``: its reply a JSON object (``ANSWER``)."""
     start = time.perf_counter()
     first, tokens = None, 0
+    extra = {"response_format": ANSWER} if constrained else {}
     try:
         stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
                                                 temperature=0, max_tokens=new, stream=True,
-                                                stream_options={"include_usage": True})
+                                                stream_options={"include_usage": True}, **extra)
         for chunk in stream:
             if first is None and chunk.choices and chunk.choices[0].delta.content:
                 first = time.perf_counter() - start
@@ -93,7 +107,10 @@ def one(client, model: str, question: str, new: int) -> dict:
             "total": time.perf_counter() - start, "tokens": tokens}
 
 
-def load(port: int, model: str, clients: int, per_client: int, new: int, questions: list[str]) -> dict:
+def load(port: int, model: str, clients: int, per_client: int, new: int, questions: list[str],
+         constrained: int = 0) -> dict:
+    """``clients`` threads sending ``per_client`` requests each, the first ``constrained`` of them with a
+    response_format; the aggregate numbers."""
     import openai
 
     results: list[dict] = []
@@ -102,7 +119,7 @@ def load(port: int, model: str, clients: int, per_client: int, new: int, questio
     def worker(k: int) -> None:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
         for i in range(per_client):
-            r = one(client, model, questions[(k + i) % len(questions)], new)
+            r = one(client, model, questions[(k + i) % len(questions)], new, k < constrained)
             with lock:
                 results.append(r)
 
@@ -124,7 +141,8 @@ def load(port: int, model: str, clients: int, per_client: int, new: int, questio
     def pct(values: list[float], q: float) -> float:
         return round(statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0], 3)
 
-    return {"clients": clients, "requests": len(results), "errors": len(results) - len(ok),
+    return {"clients": clients, "constrained_clients": constrained, "requests": len(results),
+            "errors": len(results) - len(ok),
             "tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 1),
             "ttft_p50_s": pct([r["ttft"] for r in ok], 50), "ttft_p99_s": pct([r["ttft"] for r in ok], 99),
             "total_p50_s": pct([r["total"] for r in ok], 50), "total_p99_s": pct([r["total"] for r in ok], 99),
@@ -193,6 +211,8 @@ def main() -> None:
     p.add_argument("--context", type=int, help="lmforge serve --context (fewer compiled graphs on a GPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="lmforge serve --compile / --no-compile (default: lmforge's own, on for CUDA)")
+    p.add_argument("--constrained", type=float, default=0.0,
+                   help="also run each load with this share of its clients asking for a JSON schema (lmforge)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = p.parse_args()
     if args.dtype in ("int8", "int4") and not args.skip_transformers:
@@ -221,11 +241,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
         model = requests.get(f"http://127.0.0.1:{args.port}/v1/models", timeout=30).json()["data"][0]["id"]
         try:
             load(args.port, model, 1, 1, 4, QUESTIONS)  # warm-up
+            if args.constrained and name == "lmforge serve":  # and the grammar engine's tokenizer, made once
+                load(args.port, model, 1, 1, 4, QUESTIONS, 1)
+            shares = [0.0, args.constrained] if args.constrained and name == "lmforge serve" else [0.0]
             for clients in args.clients:
-                row = {"bench": "serve", "server": name, "threads": args.threads, "new_tokens": args.new,
-                       "device": args.device, "dtype": args.dtype, "compile": compiled and name == "lmforge serve",
-                       "prompts": args.prompts, **load(args.port, model, clients, args.requests, args.new, questions)}
-                print(json.dumps(row), flush=True)
+                for share in shares:
+                    row = {"bench": "serve", "server": name, "threads": args.threads, "new_tokens": args.new,
+                           "device": args.device, "dtype": args.dtype, "compile": compiled and name == "lmforge serve",
+                           "prompts": args.prompts, **load(args.port, model, clients, args.requests, args.new,
+                                                           questions, round(share * clients))}
+                    print(json.dumps(row), flush=True)
             if args.soak and name == "lmforge serve":
                 print(json.dumps({"bench": "serve-soak", **soak(args.port, proc, args.soak)}), flush=True)
         finally:

@@ -118,6 +118,19 @@ def test_a_free_request_beside_constrained_ones_gets_its_tokens_alone(tiny):
     assert alone[0] != mixed[0].tokens  # the constraint changed its own rows only
 
 
+def test_a_lark_grammar_puts_a_json_schema_after_free_text(tiny):
+    """The shape a tool call needs: free text, a marker, then JSON of a schema (llguidance's ``%json``)."""
+    lm, tok = tiny
+    schema = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["x"], "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
+    grammar = 'start: /[a-z ]{0,12}/ "<call>" call\ncall: %json ' + json.dumps(schema)
+    prompt = tok.encode("hello there", add_special_tokens=False).ids
+    for g in lm.run([lm_request(prompt, Constraint.lark(grammar), temperature=1.0, seed=s) for s in range(4)]):
+        text, _, call = reply(tok, g).partition("<call>")
+        assert g.finish_reason == "stop" and re.fullmatch("[a-z ]{0,12}", text)
+        jsonschema.validate(json.loads(call), schema)
+
+
 def test_a_constraint_is_plain_data_that_crosses_a_pipe():
     c = Constraint.json_schema(PERSON)
     assert pickle.loads(pickle.dumps(c)) == c

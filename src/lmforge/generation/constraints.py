@@ -52,7 +52,7 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | bool, field: str = "response_format.json_schema.schema"):
-        return cls("json_schema", json.dumps(schema), field)
+        return cls("json_schema", json.dumps({} if schema is True else schema), field)  # true: any JSON
 
     @classmethod
     def json_object(cls, field: str = "response_format"):
@@ -158,11 +158,11 @@ class RowConstraints:
         self.vocab, self.words = vocab, (vocab + 31) // 32
         self.matchers: list[Any | None] = [None] * rows
         self.stops: list[tuple[int, ...]] = [()] * rows
-        self.bits = torch.zeros(rows, self.words, dtype=torch.int32)  # (S, V/32) filled by the grammar engine
-        self.shifts = torch.arange(32, dtype=torch.int32)
+        self.bits = torch.zeros(rows, self.words, dtype=torch.int32)  # (S, V/32): bit b of word w is token 32w + b
+        self.bit = torch.tensor([1 << b for b in range(31)] + [-(1 << 31)], dtype=torch.int32)  # (32,) as int32
         self.tokenizer: Any = None
         self.default_stops: tuple[int, ...] = ()
-        self.executor: Any = None
+        self.end_id = 0  # the grammar engine's end token: allowed when the grammar may end
 
     def use(self, tokenizer: Any, stops: Sequence[int]) -> None:
         self.tokenizer, self.default_stops = tokenizer, tuple(stops)
@@ -173,12 +173,10 @@ class RowConstraints:
         if constraint is None:
             self.matchers[i] = None
             return
-        ll = engine()
-        self.matchers[i] = ll.LLMatcher(grammar_tokenizer(self.tokenizer, self.vocab), constraint.grammar(),
-                                        log_level=0)
+        ll, tokenizer = engine(), grammar_tokenizer(self.tokenizer, self.vocab)
+        self.matchers[i] = ll.LLMatcher(tokenizer, constraint.grammar(), log_level=0)
         self.stops[i] = tuple(stops) if stops is not None else self.default_stops
-        if self.executor is None:
-            self.executor = ll.LLExecutor(num_threads=1)
+        self.end_id = tokenizer.eos_token
 
     def note(self, i: int, token: int) -> None:
         """Slot i's grammar advances by ``token`` (a stop token ends the request instead)."""
@@ -191,21 +189,25 @@ class RowConstraints:
 
     def apply(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """The logits (R, V) of ``slots`` with each constrained row's disallowed tokens at -inf (a new tensor; the
-        same one when no row is constrained)."""
+        same one when no row is constrained): the grammar engine fills a bitmask per row, the bits
+        become a (n, V) mask, and the rows where the grammar may end allow their request's stop tokens instead of
+        the grammar engine's end token."""
         rows = [k for k, i in enumerate(slots) if self.matchers[i] is not None]
         if not rows:
             return logits
-        bits = self.bits[: len(rows)]  # (n, V/32)
-        matchers = [self.matchers[slots[k]] for k in rows]
-        self.executor.unsafe_compute_mask_ptr([(m, n) for n, m in enumerate(matchers)], bits.data_ptr(),
-                                              self.words * 4, len(rows))
-        allowed = ((bits[:, :, None] >> self.shifts) & 1).bool().reshape(len(rows), -1)[:, : logits.shape[-1]]
-        eos = grammar_tokenizer(self.tokenizer, self.vocab).eos_token
-        for n, k in enumerate(rows):  # the grammar may end (its end token allowed): the request's stops may come
-            stops = self.stops[slots[k]]
-            ends = bool(allowed[n, eos]) or matchers[n].is_error()
-            allowed[n, eos] = False
-            allowed[n, list(stops)] = ends
+        n, matchers = len(rows), [self.matchers[slots[k]] for k in rows]
+        bits = self.bits[:n]  # (n, V/32)
+        for r, m in enumerate(matchers):  # on this thread: a pool's threads would spin beside the model's
+            m.unsafe_compute_mask_ptr(bits[r].data_ptr(), self.words * 4)
+        end, shift = divmod(self.end_id, 32)
+        ends = [bool((word >> shift) & 1) or m.is_error() for word, m in zip(bits[:, end].tolist(), matchers,
+                                                                              strict=True)]
+        banned = ((bits[:, :, None] & self.bit) == 0).reshape(n, -1)[:, : logits.shape[-1]]  # (n, V)
+        banned[:, self.end_id] = True
+        at = [(r, stop, not ends[r]) for r, k in enumerate(rows) for stop in self.stops[slots[k]]]
+        if at:
+            r, c, v = zip(*at, strict=True)
+            banned[list(r), list(c)] = torch.tensor(v)
         index = torch.tensor(rows, device=logits.device)
-        masked = logits.index_select(0, index).masked_fill(~allowed.to(logits.device), float("-inf"))
+        masked = logits.index_select(0, index).masked_fill_(banned.to(logits.device), float("-inf"))
         return logits.index_copy(0, index, masked)
