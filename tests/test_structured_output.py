@@ -30,6 +30,9 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"], "additionalProperties": False}
 
 
+CHOICES = ["paris", "été", 'say "hi"', "back\\slash", "tab\there"]  # escapes and non-ASCII survive
+
+
 def random_schema(rng: random.Random, depth: int = 0) -> dict:
     """A JSON schema whose every value is bounded (short strings, bounded integers, at most 3 items or
     properties), so that any reply that follows it ends within ~150 tokens."""
@@ -97,12 +100,12 @@ def test_json_object_regex_and_choice_are_honoured(tiny):
     obj, code, pick, sampled = lm.run([
         lm_request(prompt, Constraint.json_object(), logit_bias=closing),
         lm_request(prompt, Constraint.regex(r"[A-Z]{2}-[0-9]{3}")),
-        lm_request(prompt, Constraint.choice(["paris", "london", "the cat"])),
+        lm_request(prompt, Constraint.choice(CHOICES)),
         lm_request(prompt, Constraint.json_schema(PERSON), temperature=1.0, seed=5)])
     assert [g.finish_reason for g in (obj, code, pick, sampled)] == ["stop"] * 4
     assert isinstance(json.loads(reply(tok, obj)), dict)
     assert re.fullmatch(r"[A-Z]{2}-[0-9]{3}", reply(tok, code))
-    assert reply(tok, pick) in ("paris", "london", "the cat")
+    assert reply(tok, pick) in CHOICES
     jsonschema.validate(json.loads(reply(tok, sampled)), PERSON)
 
 
