@@ -14,6 +14,8 @@ import json
 import pickle
 import random
 import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -235,6 +237,26 @@ def test_without_the_grammar_engine_a_constraint_is_a_400(served, monkeypatch):
         assert answer(post(served))[1] in ("stop", "length")  # free requests are served as before
     finally:
         constraints.engine.cache_clear()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="stops the server through Linux's /proc")
+def test_the_split_server_carries_constraints_to_its_engine(tmp_path):
+    """``lmforge serve --http-process``: the constraint crosses the pipe; constrained and free replies together."""
+    from test_serve_split import start, stop
+
+    proc, url = start(chat_model(tmp_path / "chat-model"), "--slots", "4")
+    try:
+        formats = [{"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}, None,
+                   {"type": "choice", "choice": CHOICES}, None]
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda f: answer(post(url, **({"response_format": f} if f else {}))), formats))
+        assert [reason for _, reason in answers[::2]] == ["stop", "stop"]
+        jsonschema.validate(json.loads(answers[0][0]), PERSON)
+        assert answers[2][0] in CHOICES and answers[1] == answers[3]
+        assert post(url, response_format={"type": "regex", "regex": "("}).json()["error"]["param"] == \
+            "response_format.regex"
+    finally:
+        stop(proc)
 
 
 # -- SmolLM2 through the official openai client (slow) -----------------------------------------------------------
