@@ -6,6 +6,7 @@ one run; then a soak of ``lmforge serve``.
     .venv/bin/python bench/serve.py --prompts long --new 128                 # replies near 128 tokens
     python3 bench/serve.py --device cuda --dtype bf16 --servers lmforge lmforge-eager transformers-cb \
         --clients 1 4 16 64 --slots 64                                   # on a GPU (CUDA graphs, eager, CB)
+    .venv/bin/python bench/serve.py --skip-transformers --clients 16 --prompts long --constrained 0.5  # JSON's cost
 
 Each server runs as a subprocess on 127.0.0.1 with the same threads (``--threads``, OMP_NUM_THREADS). Clients are
 the official ``openai`` client in threads: each sends ``--requests`` chat completions one after another (fixed
@@ -15,6 +16,10 @@ and to the last token, errors, the clients' own CPU use (CPU seconds a second: t
 lmforge its engine's steps in the load, their mean time and the engine's busy share (/metrics). transformers serves
 the same model converted to a Hugging Face folder (``lmforge convert --to-hf``): the same weights, the same chat
 template, the same greedy tokens.
+
+``--constrained F``: each load runs twice on the same server, free, then with the first F of its clients asking for
+``response_format`` (a JSON schema: ``{"answer": string}``, the string long enough to run to ``--new`` tokens);
+the second row's ``constrained_clients`` says how many.
 
 The soak sends ``--soak`` requests (random lengths; one in four abandoned after its first token) and reads the
 server's resident memory after the first 10% and at the end.
@@ -80,14 +85,23 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def one(client, model: str, question: str, new: int) -> dict:
-    """A streamed chat completion: (time to first token, total seconds, completion tokens) or the error."""
+# a JSON object whose string runs past --new tokens: constrained replies as long as free ones (--prompts long), so
+# that tokens/s compares the steps, not the replies' lengths
+ANSWER = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+    "type": "object", "properties": {"answer": {"type": "string", "minLength": 2000}}, "required": ["answer"],
+    "additionalProperties": False}}}
+
+
+def one(client, model: str, question: str, new: int, constrained: bool = False) -> dict:
+    """A streamed chat completion: (time to first token, total seconds, completion tokens) or the error;
+    ``constrained``: its reply a JSON object (``ANSWER``)."""
     start = time.perf_counter()
     first, tokens = None, 0
+    extra = {"response_format": ANSWER} if constrained else {}
     try:
         stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
                                                 temperature=0, max_tokens=new, stream=True,
-                                                stream_options={"include_usage": True})
+                                                stream_options={"include_usage": True}, **extra)
         for chunk in stream:
             if first is None and chunk.choices and chunk.choices[0].delta.content:
                 first = time.perf_counter() - start
@@ -99,7 +113,10 @@ def one(client, model: str, question: str, new: int) -> dict:
             "total": time.perf_counter() - start, "tokens": tokens}
 
 
-def load(port: int, model: str, clients: int, per_client: int, new: int, questions: list[str]) -> dict:
+def load(port: int, model: str, clients: int, per_client: int, new: int, questions: list[str],
+         constrained: int = 0) -> dict:
+    """``clients`` threads sending ``per_client`` requests each, the first ``constrained`` of them with a
+    response_format; the aggregate numbers."""
     import openai
 
     results: list[dict] = []
@@ -108,7 +125,7 @@ def load(port: int, model: str, clients: int, per_client: int, new: int, questio
     def worker(k: int) -> None:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
         for i in range(per_client):
-            r = one(client, model, questions[(k + i) % len(questions)], new)
+            r = one(client, model, questions[(k + i) % len(questions)], new, k < constrained)
             with lock:
                 results.append(r)
 
@@ -130,7 +147,8 @@ def load(port: int, model: str, clients: int, per_client: int, new: int, questio
     def pct(values: list[float], q: float) -> float:
         return round(statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0], 3)
 
-    return {"clients": clients, "requests": len(results), "errors": len(results) - len(ok),
+    return {"clients": clients, "constrained_clients": constrained, "requests": len(results),
+            "errors": len(results) - len(ok),
             "tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 1),
             "ttft_p50_s": pct([r["ttft"] for r in ok], 50), "ttft_p99_s": pct([r["ttft"] for r in ok], 99),
             "total_p50_s": pct([r["total"] for r in ok], 50), "total_p99_s": pct([r["total"] for r in ok], 99),
@@ -208,6 +226,8 @@ def main() -> None:
     p.add_argument("--out", help="also append every row here (JSON lines)")
     p.add_argument("--lmforge-args", default="", help="more options for the lmforge servers (one string)")
     p.add_argument("--logs", help="a folder for the servers' logs (default: the work folder, removed at the end)")
+    p.add_argument("--constrained", type=float, default=0.0,
+                   help="also run each load with this share of its clients asking for a JSON schema (lmforge)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (two model copies, ~1 GB)")
     args = p.parse_args()
     if args.skip_transformers:
@@ -250,16 +270,22 @@ def run(args: argparse.Namespace, work: Path) -> None:
         began = time.monotonic()
         try:
             load(args.port, model, 1, 1, 4, QUESTIONS)  # warm-up
+            if args.constrained and name == "lmforge":  # and the grammar engine's tokenizer, made once
+                load(args.port, model, 1, 1, 4, QUESTIONS, 1)
+            shares = [0.0, args.constrained] if args.constrained and name == "lmforge" else [0.0]
             for clients in args.clients:
-                row = {"bench": "serve", "server": SERVERS[name], "threads": args.threads, "new_tokens": args.new,
-                       "device": args.device, "dtype": args.dtype, "slots": args.slots if name.startswith("lm")
-                       else None, "compile": compiled if name == "lmforge" else False, "prompts": args.prompts,
-                       "startup_s": round(startup, 1)}
-                if args.budget and time.monotonic() - began > args.budget:
-                    row.update(clients=clients, skipped=f"the server's {args.budget:.0f} s of load were spent")
-                else:
-                    row.update(load(args.port, model, clients, args.requests, args.new, questions))
-                emit(row, args.out)
+                for share in shares:
+                    row = {"bench": "serve", "server": SERVERS[name], "threads": args.threads,
+                           "new_tokens": args.new, "device": args.device, "dtype": args.dtype,
+                           "slots": args.slots if name.startswith("lm") else None,
+                           "compile": compiled if name == "lmforge" else False, "prompts": args.prompts,
+                           "startup_s": round(startup, 1), "constrained_share": share}
+                    if args.budget and time.monotonic() - began > args.budget:
+                        row.update(clients=clients, skipped=f"the server's {args.budget:.0f} s of load were spent")
+                    else:
+                        row.update(load(args.port, model, clients, args.requests, args.new, questions,
+                                        round(share * clients)))
+                    emit(row, args.out)
             if args.soak and name == "lmforge":
                 emit({"bench": "serve-soak", **soak(args.port, proc, args.soak)}, args.out)
         finally:

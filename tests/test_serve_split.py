@@ -37,7 +37,8 @@ def model_dir(tmp_path_factory, single_thread):
 def start(model_dir: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     """``lmforge serve`` as a user starts it; (the process, its URL) once /health answers."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    src = str(Path(__file__).resolve().parents[1] / "src")  # first, then what the caller's PYTHONPATH names
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([sys.executable, "-m", "lmforge.cli", "serve", "--model", str(model_dir), "--port",
                              str(port), "--threads", "1", "--http-process", *flags], env=env,
                             stderr=subprocess.PIPE, text=True)

@@ -12,6 +12,7 @@
     decoding.py    generate / stream / pad_prompts: the functions over any model (the engine or a plain stepper)
     options.py     the settings of decoding (max_new_tokens, temperature, top_k, ...), declared once (no torch)
     sampling.py    choosing a token: temperature, top-k, top-p, repetition penalty
+    constraints.py a reply forced to match a JSON schema, a regex or a choice: grammar masks per row (llguidance)
     steps.py       feeding a model one step at a time with a KV cache (decoder-only or encoder-decoder)
     beam.py        beam search
     text.py        prompts as the model expects them; TextStream prints new text as tokens arrive
@@ -27,7 +28,8 @@ from importlib import import_module
 
 _HOMES = {"GenerationOutput": "decoding", "generate": "decoding", "pad_prompts": "decoding", "stream": "decoding",
           "next_token": "sampling", "top_k_filter": "sampling", "top_p_filter": "sampling",
-          "GenerateOptions": "options", "LM": "lm", "Engine": "engine", "Request": "requests"}
+          "GenerateOptions": "options", "LM": "lm", "Engine": "engine", "Request": "requests",
+          "Constraint": "constraints"}
 
 __all__ = sorted(_HOMES)
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.generation import constraints
 from lmforge.generation.outputs import Outputs
 from lmforge.generation.requests import Generation, Request, check_room, end
 from lmforge.generation.runners import make_runner
@@ -61,6 +62,7 @@ class Engine:
                                   self.ids.decoder_start, prefix_blocks, self.ids.pad, compile, runner)
         self.scheduler = Scheduler(self.runner.n_slots)
         self.outputs = Outputs(tokenizer)
+        self.runner.constraints.use(tokenizer, self.ids.stops)
         self.sink: Callable[[list[Generation]], None] = self.outputs.process
         if log:
             print(f"lmforge: decoding with the {self.runner.describe()}", file=sys.stderr, flush=True)
@@ -92,6 +94,8 @@ class Engine:
         check_room(1 if self.seq2seq else n, r.max_new_tokens, self.capacity)
         if r.stop_strings and self.tokenizer is None:
             raise LmforgeError("stop_strings: the engine needs the tokenizer to read the text the tokens make")
+        if r.constraint is not None:
+            constraints.check(r.constraint, self.tokenizer)
 
     @property
     def active(self) -> list[int]:

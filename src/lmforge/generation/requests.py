@@ -13,10 +13,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from lmforge.errors import LmforgeError
+
+if TYPE_CHECKING:
+    from lmforge.generation.constraints import Constraint
 
 
 @dataclass
@@ -41,6 +45,7 @@ class Request:
     presence_penalty: float = 0.0  # OpenAI's: minus this from a token's logit once it was generated
     frequency_penalty: float = 0.0  # OpenAI's: minus this times the times a token was generated
     logit_bias: dict[int, float] | None = None  # OpenAI's: added to these tokens' logits
+    constraint: Constraint | None = None  # what the reply must match (constraints.py: JSON schema, regex, ...)
 
 
 @dataclass(eq=False)

@@ -256,7 +256,7 @@ def start(state: Served, body: Sampling, ids: list[int], chat: bool, limit: int 
                              top_p=body.top_p if body.top_p < 1 else None, repetition_penalty=body.repetition_penalty,
                              seed=body.seed, stop_ids=service.stop_ids(chat), stop_strings=body.stop,
                              presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                             logit_bias=service.check_bias(body.logit_bias),
+                             logit_bias=service.check_bias(body.logit_bias), constraint=body.constraint(),
                              logprobs=top, on_token=put("token") if top is not None else None, on_text=put("text"),
                              on_finish=put("end"))
     generation = service.complete(request_)

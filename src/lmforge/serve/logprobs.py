@@ -16,18 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lmforge.tokenizers.byte_bpe import token_bytes
+
 Logprob = tuple[float, tuple[tuple[int, float], ...]]
-
-
-def token_bytes(tokenizer: Any, token: int) -> bytes:
-    """The bytes ``token`` stands for (a special token: its name)."""
-    from lmforge.tokenizers.byte_bpe import CHAR_TO_BYTE
-
-    text = tokenizer.id_to_token[token]
-    if token not in tokenizer.special_ids and all(c in CHAR_TO_BYTE for c in text) and \
-            type(tokenizer).__name__.startswith("ByteLevel"):
-        return bytes(CHAR_TO_BYTE[c] for c in text)
-    return tokenizer.decode([token]).encode("utf-8")
 
 
 def token_text(tokenizer: Any, token: int) -> str:

@@ -5,8 +5,9 @@ is accepted where a float is asked). Text fields refuse lone UTF-16 surrogates (
 spell but no UTF-8 text holds. Message content is a string or OpenAI's list of content parts, of which lmforge
 reads the text parts (joined by a line break); an image or audio part is refused, naming it.
 
-A field lmforge does not implement (``response_format``, ``tools``) is refused, and so is one the OpenAI API
-would reject (``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``.
+A field lmforge does not implement (``tools``) is refused, and so is one the OpenAI API would reject
+(``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``, and two kinds of ``response_format``:
+``{"type": "regex", "regex": "..."}`` and ``{"type": "choice", "choice": ["...", ...]}``.
 
 The sampling fields' ranges are not written here: ``declared`` reads them from their declaration in
 ``generation.options.GenerateOptions`` (the flags' and ``generate``'s), with OpenAI's own where the field's ``api``
@@ -21,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lmforge.errors import LmforgeError
+from lmforge.generation.constraints import Constraint
 from lmforge.generation.options import SETTINGS
 from lmforge.schema import api_rules, check_range
 
@@ -28,6 +30,8 @@ TOP_LOGPROBS = 20  # alternatives a token's log-probability comes with, at most 
 MAX_PROMPTS = 64  # prompts one completion request may hold (each a choice of the answer)
 MAX_BIASED = 300  # tokens a logit_bias may name (OpenAI's limit)
 MAX_CHOICES = 16  # n: choices one request may ask for
+MAX_PATTERN = 10_000  # characters of a response_format regex
+MAX_CHOICE_LIST = 1_000  # strings a response_format choice may list
 
 
 def declared(name: str, default: Any) -> Any:
@@ -55,6 +59,42 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class JsonSchema(Strict):
+    """OpenAI's ``response_format.json_schema``: the reply is JSON valid against ``schema`` (always enforced:
+    ``strict`` is accepted and changes nothing)."""
+
+    name: Text = Field(max_length=64)
+    description: Text | None = None
+    schema_: dict[str, Any] | bool = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    """What the reply must be: free text, any JSON object, JSON valid against a schema, or (lmforge's) text
+    matching a regular expression or one of a list of strings."""
+
+    type: Literal["text", "json_object", "json_schema", "regex", "choice"]
+    json_schema: JsonSchema | None = None
+    regex: Text | None = Field(None, min_length=1, max_length=MAX_PATTERN)
+    choice: list[Text] | None = Field(None, min_length=1, max_length=MAX_CHOICE_LIST)
+
+    def constraint(self) -> Constraint | None:
+        """The engine's constraint; the field a kind needs, missing or given to another kind, is one line."""
+        given = {name for name in ("json_schema", "regex", "choice") if getattr(self, name) is not None}
+        needed = {"json_schema", "regex", "choice"} & {self.type}
+        for name in given - needed:
+            raise LmforgeError(f"response_format.{name}: only with type {name!r} (this one is {self.type!r})")
+        for name in needed - given:
+            raise LmforgeError(f"response_format.{name}: type {name!r} needs it")
+        if self.type == "json_schema":
+            return Constraint.json_schema(self.json_schema.schema_)
+        if self.type == "regex":
+            return Constraint.regex(self.regex)
+        if self.type == "choice":
+            return Constraint.choice(self.choice)
+        return Constraint.json_object() if self.type == "json_object" else None
+
+
 class Sampling(Strict):
     """What a completion and a chat completion share."""
 
@@ -73,6 +113,7 @@ class Sampling(Strict):
     presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)  # OpenAI's ranges
     frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_BIASED)
+    response_format: ResponseFormat | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -106,6 +147,9 @@ class Sampling(Strict):
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
+
+    def constraint(self) -> Constraint | None:
+        return self.response_format.constraint() if self.response_format is not None else None
 
 
 class TextPart(Strict):

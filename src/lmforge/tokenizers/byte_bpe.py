@@ -112,3 +112,13 @@ class ByteLevelBPETokenizer(BPETokenizer):
         special = self.special_ids
         return [line if i in special else f"{line}\t= {from_visible(t)!r}"
                 for i, (line, t) in enumerate(zip(lines, self.id_to_token, strict=True))]
+
+
+def token_bytes(tokenizer: Any, token: int) -> bytes:
+    """The bytes ``token`` stands for in a text: a byte-level token's own bytes (part of a character, maybe); any
+    other tokenizer's token, or a special token, as the UTF-8 of its decoded text (a special token: its name)."""
+    text = tokenizer.id_to_token[token]
+    if isinstance(tokenizer, ByteLevelBPETokenizer) and token not in tokenizer.special_ids and \
+            all(c in CHAR_TO_BYTE for c in text):
+        return bytes(CHAR_TO_BYTE[c] for c in text)
+    return tokenizer.decode([token]).encode("utf-8")

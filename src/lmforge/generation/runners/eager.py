@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from lmforge.generation.constraints import RowConstraints
 from lmforge.generation.prefix import PrefixCache
 from lmforge.generation.requests import Generation, Request
 from lmforge.generation.sampling import draw
@@ -94,6 +95,7 @@ class EagerRunner:
         self.generated: list[set[int]] = [set() for _ in range(s)]  # each slot's tokens generated yet (host)
         self.generators: list[torch.Generator | None] = [None] * s
         self.requests: list[Request | None] = [None] * s
+        self.constraints = RowConstraints(s, vocab)  # each slot's grammar state (constraints.py; None: free)
         self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and self.keeps_prefixes() else None
         self.prefill_fn, self.step_fn = (seq2seq_prefill, seq2seq_step) if self.seq2seq else \
             (decoder_prefill, decoder_step)
@@ -147,6 +149,7 @@ class EagerRunner:
             if r.logit_bias:
                 ids, bias = zip(*r.logit_bias.items(), strict=True)
                 self.shift[i].index_copy_(0, upload(ids, self.device), upload(bias, self.device, torch.float32))
+        self.constraints.begin(i, r.constraint, r.stop_ids)
 
     def note(self, i: int, token: int) -> None:
         """Slot i's text now holds ``token`` (for its repetition penalty, and OpenAI's penalties)."""
@@ -157,6 +160,7 @@ class EagerRunner:
             first = token not in self.generated[i]
             self.generated[i].add(token)
             self.shift[i, token] -= r.frequency_penalty + (r.presence_penalty if first else 0.0)
+        self.constraints.note(i, token)
 
     def move(self, src: int, dst: int, columns: int, source: int) -> None:
         """Slot ``src``'s cached keys and values and its state into the free slot ``dst`` (the scheduler's
@@ -167,6 +171,7 @@ class EagerRunner:
         self.shift[dst], self.generated[dst] = self.shift[src], self.generated[src]
         self.src_mask[dst] = self.src_mask[src]
         self.generators[dst], self.requests[dst] = self.generators[src], self.requests[src]
+        self.constraints.move(src, dst)
 
     # -- the calls ------------------------------------------------------------------------------------------------
     def groups(self, arrivals: Arrivals) -> list[tuple[int, Arrivals]]:
@@ -245,6 +250,7 @@ class EagerRunner:
 
     def choose(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
         """The next token of each of these slots from its logits (len(slots), V), by the slot's own settings."""
+        logits = self.constraints.apply(logits, slots)  # constrained rows: -inf outside their grammar's tokens
         index = upload(slots, self.device)
         held = [self.requests[i] for i in slots]
         penalised = any(r.repetition_penalty != 1.0 for r in held)
