@@ -33,8 +33,7 @@ row() {  # row SECONDS NAME COMMAND...: run one row under a time limit, its outp
 
 prepare() {
   local wheels=(fastapi==0.115.12 starlette==0.46.2 uvicorn==0.34.3 httptools==0.6.4 pydantic==2.11.7
-    pydantic-core==2.33.2 annotated-types==0.7.0 typing-inspection==0.4.1 typing-extensions==4.14.1
-    openai==1.99.9 jiter==0.10.0 distro==1.9.0 sniffio==1.3.1 gguf==0.17.1)
+    pydantic-core==2.33.2 annotated-types==0.7.0 typing-inspection==0.4.1 openai==1.99.9 jiter==0.10.0 distro==1.9.0 sniffio==1.3.1 gguf==0.17.1)
   grep -qx "/.whl/" .git/info/exclude || echo "/.whl/" >>.git/info/exclude
   grep -qx "/.lease/" .git/info/exclude || echo "/.lease/" >>.git/info/exclude
   mkdir -p .whl .lease/part1/nanogpt .lease/part2
@@ -54,8 +53,9 @@ prepare() {
   du -sh .whl .lease/part1 .lease/part2
 }
 
-setup() {  # the carried wheels into $LEASE/site (once a machine: part2 finds them there)
-  mkdir -p "$LEASE/cache/smollm2"
+setup() {  # the carried wheels into $LEASE/site (once a machine: part2 finds them there). Not typing-extensions:
+  # the image's is newer, and its anyio needs that one (seen 2026-11-27)
+  mkdir -p "$LEASE/cache/smollm2" ~/.cache/huggingface/hub  # transformers serve's /v1/models fails without the hub cache
   if [ -d .whl ] && [ ! -f "$LEASE/site/.done" ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$LEASE/site" .whl/*.whl \
       && touch "$LEASE/site/.done" || echo "wheels: install failed" | tee -a "$LOG"
@@ -88,7 +88,7 @@ part2() {
     --slots 16 --rows 1 16 --out "$ROWS"
   row 45 "engine step, SmolLM2 bf16, 64 slots" $PY bench/gpu_step.py --model "$LEASE/cache/smollm2/$GGUF" \
     --slots 64 --rows 64 --runners graphs --out "$ROWS"
-  row 240 "serve: lmforge (CUDA graphs, eager) vs transformers serve CB" \
+  row 330 "serve: lmforge (CUDA graphs, eager) vs transformers serve CB" \
     $PY bench/serve.py --device cuda --dtype bf16 --servers lmforge lmforge-eager transformers-cb \
     --clients 1 4 16 64 --slots 64 --requests 2 --prompts long --budget 45 --out "$ROWS" --logs "$OUT"
   if grep -q '"server": "lmforge serve", "error"' "$ROWS"; then  # the HTTP process forked beside CUDA: without

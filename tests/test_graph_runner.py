@@ -8,6 +8,7 @@ tensors — is tested here; the tests marked ``cuda`` record real graphs and run
 
 from __future__ import annotations
 
+import collections
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 
 from lmforge.generation.engine import Engine, Request
 from lmforge.generation.runners import make_runner
+from lmforge.generation.runners.graphs import Replay
 from lmforge.models import Decoder, get_preset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a lent GPU machine)")
@@ -94,19 +96,25 @@ def test_a_request_beside_others_gets_the_bits_it_gets_alone():
         assert all(torch.equal(a, b) for a, b in zip(g.logits, lone.logits, strict=True))
 
 
-def test_warmup_records_one_graph_per_column_width_and_serving_records_none():
-    """A capacity of 1,000 tokens: graphs for 256, 512 and 1,000 columns at warm-up, the caches zeroed after; then
-    requests of every length record nothing more (no request waits for a recording)."""
+def test_warmup_records_one_graph_per_width_and_serving_records_none(monkeypatch):
+    """A capacity of 1,000 tokens: step graphs for 256, 512 and 1,000 columns and prefill graphs for 16, 32, ...,
+    512, 1,000 prompt tokens at warm-up, the caches zeroed after; then requests of every length record nothing
+    more (no request waits for a recording), and every prefill went through its graph."""
     engine = Engine(llama(max_positions=1000), slots=4, runner="graphs")
     runner = engine.runner
     assert runner.capacity_buckets == [256, 512, 1000] and runner.row_buckets == [4]
-    assert engine.warmup() == 3 and runner.recorded == 3
+    assert runner.prompt_buckets == [16, 32, 64, 128, 256, 512, 1000]
+    assert engine.warmup() == 10 and runner.recorded == 10 and runner.prefill_graphs
     assert not runner.caches.buffer.any()
+    replays: collections.Counter[str] = collections.Counter()
+    monkeypatch.setattr(Replay, "replay", lambda graph: replays.update([graph.fn.func.__name__]) or
+                        setattr(graph, "output", graph.fn()))
     for n in (1, 200, 300, 700, 990):
         engine.submit(Request(prompt(n, n), max_new_tokens=8, stop_ids=[]))
     engine.run()
-    assert runner.recorded == 3 and sorted(runner.graphs) == [256, 512, 1000]
-    assert "3 replayed steps" in runner.describe()
+    assert runner.recorded == 10 and len(runner.graphs) == 10
+    assert replays["prefill_call"] == 5 and replays["lean_step"] >= 7  # 7 steps after each first token
+    assert "3 step and 7 prefill replayed calls" in runner.describe()
 
 
 def test_without_warmup_a_step_records_its_graph_and_computes_the_step():
@@ -118,10 +126,23 @@ def test_without_warmup_a_step_records_its_graph_and_computes_the_step():
     engine = Engine(model, slots=4, runner="graphs")
     cold = [engine.submit(Request(ids, keep_logits=True, **s)) for ids, s in work]
     engine.run()
-    assert engine.runner.recorded == 2  # 256 and 512 columns, when first needed
+    assert engine.runner.recorded == 4  # steps of 256 and 512 columns, prefills of 32 and 512, when first needed
     warm = decoded(model, "graphs", work, slots=4)
     for a, b in zip(cold, warm, strict=True):
         assert a.tokens == b.tokens and all(torch.equal(x, y) for x, y in zip(a.logits, b.logits, strict=True))
+
+
+def test_a_recorded_prefill_that_disagrees_with_its_eager_call_leaves_prefills_eager(monkeypatch, capsys):
+    """Warm-up checks each recorded prefill against the eager call: graphs whose replays give other logits (here
+    shifted by 1) leave prefills eager, said on stderr, and the answers stay right."""
+    monkeypatch.setattr(Replay, "replay", lambda graph: setattr(graph, "output", graph.fn() + 1.0))
+    engine = Engine(llama(), slots=2, runner="graphs")
+    engine.warmup()
+    assert not engine.runner.prefill_graphs and "prefills stay eager" in capsys.readouterr().err
+    work = [(prompt(12, 4), dict(max_new_tokens=6, stop_ids=[]))]
+    g = engine.submit(Request(work[0][0], **work[0][1]))
+    engine.run()
+    assert g.tokens == decoded(llama(), "eager", work)[0].tokens  # the step's +1 moves no argmax
 
 
 # -- nothing read back to the host ---------------------------------------------------------------------------------
@@ -190,7 +211,8 @@ def test_cuda_graphs_give_the_eager_logits_and_the_step_never_syncs():
         assert a.tokens == b.tokens
         torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=1e-4, rtol=1e-4)
     runner = make_runner(model, slots=4, capacity=512, kind="graphs")
-    assert runner.warmup() == 2 and runner.describe().endswith("2 CUDA graphs, one per column width")
+    assert runner.warmup() == 2 + 6 and runner.describe().endswith("2 step and 6 prefill CUDA graphs, one per width")
+    assert runner.prefill_graphs  # every recorded prefill agreed with its eager call
     request = Request(prompt(9, 3), max_new_tokens=4, temperature=0.7, repetition_penalty=1.2, logit_bias={5: 2.0})
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -202,7 +224,7 @@ def test_cuda_graphs_give_the_eager_logits_and_the_step_never_syncs():
                 runner.step([17], [length], [1])
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert runner.recorded == 2
+    assert runner.recorded == 8
 
 
 @cuda

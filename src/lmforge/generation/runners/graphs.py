@@ -9,14 +9,19 @@ step reads at fixed addresses and every shape fixed:
               non-blocking copy from pinned memory (``upload``: no host sync)
     caches    the slots' keys and values, allocated once (slots.py), never moved
     shapes    every step computes all S slots (a free slot's row is padding at column 0), reading the first C_b
-              columns of the caches: one graph per column bucket (256, 512, ... the capacity), made at warm-up
-    outputs   the logits (S, V) of each graph, at a fixed address, read before the next replay
+              columns of the caches: one graph per column bucket (256, 512, ... the capacity); a prefill takes
+              one prompt, right-padded to a width bucket (16, 32, ... the capacity): one graph per width
+    outputs   the logits of each graph, at a fixed address, read before the next replay
 
 Stepping all slots costs little on a GPU (a small model's step reads its weights once however many rows there
 are) and keeps a row's bits independent of its neighbours: the products always have S rows, so the same kernels
-run whatever mix of requests is held, and a request's tokens alone equal its tokens beside others. Prefills run
-eagerly, one prompt at a time (a graph per prompt width would cost start-up time, and a prompt's bits then do not
-depend on the others'); the host's only wait is the chosen tokens (``choose``'s one read).
+run whatever mix of requests is held, and a request's tokens alone equal its tokens beside others. Prefills take
+one prompt at a time for the same reason (a prompt's bits never depend on another's), each the model's own
+forward recorded once per width: eager, a prefill of SmolLM2 is ~2,000 launches (~20 ms of host work), and at 64
+clients the arrivals' prefills, one after another, held up every step. The host's only wait is the chosen tokens
+(``choose``'s one read). At warm-up each recorded prefill is replayed once and compared with the eager call it
+was recorded from: a mismatch (a model whose forward cannot be recorded) leaves prefills eager, with a line
+saying so.
 
 On a device without CUDA graphs (a CPU: the tests) a "graph" is the same step called again on the same static
 buffers, so that everything but the recording itself runs and is tested everywhere.
@@ -24,8 +29,10 @@ buffers, so that everything but the recording itself runs and is tested everywhe
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -68,7 +75,8 @@ class Recorded:
 
 
 class GraphRunner(EagerRunner):
-    """The eager runner whose decoding step is the lean step, recorded once per column bucket (module docstring)."""
+    """The eager runner whose decoding step is the lean step, recorded once per column bucket, and whose prefill is
+    the model's forward, recorded once per prompt width (module docstring)."""
 
     name = "graphs"
 
@@ -82,9 +90,12 @@ class GraphRunner(EagerRunner):
         rows = self.row_buckets[-1]
         self.inputs = torch.zeros(2, rows, dtype=torch.long, device=self.device)  # (2, S): tokens, lengths
         self.inputs[0] = pad_id
-        self.graphs: dict[int, Replay | Recorded] = {}  # columns -> the recorded step
-        self.recorded = 0  # graphs recorded since the runner was made (warm-up's, and any a step had to make)
+        self.prompt = torch.full((capacity,), pad_id, dtype=torch.long, device=self.device)  # (C,) a prefill's ids
+        self.at = torch.zeros(2, dtype=torch.long, device=self.device)  # a prefill's slot and last real position
+        self.graphs: dict[tuple[str, int], Replay | Recorded] = {}  # ("step", columns) | ("prefill", width)
+        self.recorded = 0  # graphs recorded since the runner was made (warm-up's, and any a call had to make)
         self.seconds = 0.0  # time spent recording them
+        self.prefill_graphs = True  # False once a recorded prefill disagreed with its eager call (warmup)
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
 
     def rows_for(self, slots: int) -> list[int]:
@@ -92,12 +103,25 @@ class GraphRunner(EagerRunner):
         return [slots]
 
     def columns_for(self, capacity: int, longest_prompt: int) -> tuple[list[int], list[int]]:
-        """Columns in powers of two from 256 (a graph each); prompts, eager, padded to multiples of 8 tokens."""
-        return buckets(min(256, capacity), capacity), super().columns_for(capacity, longest_prompt)[1]
+        """Columns in powers of two from 256, prompt widths in powers of two from 16 (a graph each)."""
+        return buckets(min(256, capacity), capacity), buckets(min(16, longest_prompt), longest_prompt)
 
     def groups(self, arrivals):
         """One prompt a prefill (a row's bits then never depend on another prompt's)."""
         return [(0, [a]) for a in arrivals]
+
+    def prefill(self, slots: list[int], prompts: list[Sequence[int]], start: int = 0) -> torch.Tensor:
+        """One prompt into its slot: its ids and (slot, last position) copied into the graph's inputs, the graph of
+        its width replayed; the next-token logits (1, V)."""
+        if start or len(prompts) != 1 or not self.prefill_graphs:
+            return super().prefill(slots, prompts, start)
+        (i,), (ids,) = slots, prompts
+        width = bucket(len(ids), self.prompt_buckets)
+        upload([*ids, *[self.pad_id] * (width - len(ids))], self.device, out=self.prompt[:width])
+        upload([i, len(ids) - 1], self.device, out=self.at)
+        graph = self.graph("prefill", width)
+        graph.replay()
+        return graph.output
 
     def step(self, tokens: list[int], lengths: list[int], sources: list[int],
              rows: list[int] | None = None) -> torch.Tensor:
@@ -108,37 +132,56 @@ class GraphRunner(EagerRunner):
             return super().step(tokens, lengths, sources, rows)
         n, pad = len(lengths), self.row_buckets[-1] - len(lengths)
         upload([tokens + [self.pad_id] * pad, lengths + [0] * pad], self.device, out=self.inputs)
-        graph = self.graph(bucket(max(lengths) + 1, self.capacity_buckets))
+        graph = self.graph("step", bucket(max(lengths) + 1, self.capacity_buckets))
         graph.replay()
         return graph.output[:n]
 
-    def graph(self, columns: int) -> Replay | Recorded:
-        """The recorded step reading ``columns`` columns, recorded now if warm-up did not (counted in
-        ``recorded``: a server warms up, so that no request waits for a recording)."""
-        if columns not in self.graphs:
+    def graph(self, kind: str, size: int) -> Replay | Recorded:
+        """The recorded step reading ``size`` columns, or prefill of ``size`` prompt tokens; recorded now if
+        warm-up did not (counted in ``recorded``: a server warms up, so that no request waits for a recording)."""
+        if (kind, size) not in self.graphs:
             began = time.perf_counter()
-
-            def fn() -> torch.Tensor:
-                return self.lean(self.inputs[0], self.inputs[1], columns)
-
+            fn = functools.partial(self.lean_step if kind == "step" else self.prefill_call, size)
             with torch.inference_mode():
-                self.graphs[columns] = Recorded(fn, self.pool) if self.device.type == "cuda" else Replay(fn)
+                self.graphs[kind, size] = Recorded(fn, self.pool) if self.device.type == "cuda" else Replay(fn)
             self.recorded += 1
             self.seconds += time.perf_counter() - began
-        return self.graphs[columns]
+        return self.graphs[kind, size]
+
+    def lean_step(self, columns: int) -> torch.Tensor:
+        """The step a graph records: the lean step of every slot over ``columns`` columns -> logits (S, V)."""
+        return self.lean(self.inputs[0], self.inputs[1], columns)
+
+    def prefill_call(self, width: int) -> torch.Tensor:
+        """The prefill a graph records: the prompt (1, width) into slot ``at[0]``, the logits after ``at[1]``."""
+        layers = self.caches.prefill(self.at[:1])
+        return self.call_prefill(layers, self.prompt[None, :width], self.at[1:])  # (1, V)
 
     def warmup(self) -> int:
-        """Record the step of every column bucket before the first request (on padding: the caches' column 0 of
-        every slot is written, then zeroed again); the number of graphs."""
+        """Record every prefill width and every step width before the first request (on padding into slot 0,
+        whose caches are zeroed again after); the number of graphs. Each recorded prefill's replay is compared
+        with the eager prefill it was recorded from: a mismatch leaves prefills eager (said on stderr)."""
         with torch.inference_mode():
             self.inputs[0], self.inputs[1] = self.pad_id, 0
+            for width in self.prompt_buckets:
+                self.prompt[:width] = self.pad_id
+                self.at[0], self.at[1] = 0, width - 1  # slot 0, the last of ``width`` pad tokens
+                graph = self.graph("prefill", width)
+                eager = super().prefill([0], [[self.pad_id] * width]).float()
+                graph.replay()
+                if not torch.allclose(graph.output.float(), eager, rtol=1e-2, atol=1e-2):
+                    self.prefill_graphs = False
+                    print(f"lmforge: a recorded prefill of {width} tokens disagrees with the eager one: prefills "
+                          f"stay eager", file=sys.stderr)
+                    break
             for columns in self.capacity_buckets:
-                self.graph(columns)
+                self.graph("step", columns)
             for kv in self.caches.all():  # as new: unwritten columns hold 0
                 kv.k.zero_()
                 kv.v.zero_()
         return len(self.graphs)
 
     def describe(self) -> str:
-        kind = "CUDA graphs" if self.device.type == "cuda" else "replayed steps (no CUDA graphs on this device)"
-        return super().describe() + f"; {len(self.capacity_buckets)} {kind}, one per column width"
+        kind = "CUDA graphs" if self.device.type == "cuda" else "replayed calls (no CUDA graphs on this device)"
+        return super().describe() + (f"; {len(self.capacity_buckets)} step and {len(self.prompt_buckets)} prefill "
+                                     f"{kind}, one per width")
