@@ -532,3 +532,28 @@ def assert_batched_equals_alone(engine: Engine, model, work: list[list[int]], ne
         lone.run()
         assert one.tokens == g.tokens
         assert all(torch.equal(a, b) for a, b in zip(one.logits, g.logits, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["llama", "seq2seq", "graphs"])
+def test_n_choices_of_one_prompt_are_prefilled_once_and_each_gets_what_it_gets_alone(kind, llama, s2s):
+    """Five requests with one prompt (OpenAI's n: sampled with their own seeds, one greedy) and one other
+    prompt, arriving together: two prefill calls, not six; the others get the first one's keys and values
+    and logits, and every answer equals the same request alone, bit for bit."""
+    model = s2s if kind == "seq2seq" else llama
+    runner = "graphs" if kind == "graphs" else None
+    shared, other = prompts(2, seed=21)
+    work = [(shared, dict(max_new_tokens=10, stop_ids=[], temperature=0.9 if k else 0.0, seed=k))
+            for k in range(5)] + [(other, dict(max_new_tokens=10, stop_ids=[]))]
+    engine = Engine(model, slots=8, runner=runner)
+    calls = []
+    prefill = engine.runner.prefill
+    engine.runner.prefill = lambda slots, ids, start=0: calls.append(len(slots)) or prefill(slots, ids, start)
+    handles = [engine.submit(Request(ids, **s)) for ids, s in work]
+    engine.run()
+    assert sum(calls) == 2
+    for (ids, settings), g in zip(work, handles, strict=True):
+        lone = Engine(model, slots=8, runner=runner)
+        expected = lone.submit(Request(ids, **settings))
+        lone.run()
+        assert g.tokens == expected.tokens, settings
+    assert len({tuple(g.tokens) for g in handles[1:5]}) > 1  # the samples differ: each its own seed

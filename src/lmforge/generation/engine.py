@@ -41,6 +41,23 @@ from lmforge.models.interfaces import is_encoder_decoder, special_ids
 __all__ = ["Engine", "Generation", "Request"]
 
 
+def same_prompts(arrivals: list[tuple[int, Generation]]) -> tuple[list[tuple[int, Generation]],
+                                                                 dict[int, list[tuple[int, Generation]]]]:
+    """The arrivals of a step with a prompt no earlier one has (prefilled), and by the slot of each, the later
+    arrivals with its prompt (n choices of one request: prefilled once, ``Engine.admit``)."""
+    first: dict[tuple[int, ...], int] = {}
+    kept: list[tuple[int, Generation]] = []
+    twins: dict[int, list[tuple[int, Generation]]] = {}
+    for i, generation in arrivals:
+        key = tuple(generation.request.ids)
+        if key in first:
+            twins.setdefault(first[key], []).append((i, generation))
+        else:
+            first[key] = i
+            kept.append((i, generation))
+    return kept, twins
+
+
 class Engine:
     """Continuous batching over a fixed number of slots (see the module docstring).
 
@@ -125,40 +142,53 @@ class Engine:
                 self.runner.move(src, dst, slot.length, slot.source)
             arrivals, ended = self.scheduler.admit()
             touched += ended
+            arrivals, twins = same_prompts(arrivals)
             prefilled = []
             for start, group in self.runner.groups(arrivals):
-                prefilled += self.admit(group, start, touched)
+                prefilled += self.admit(group, start, touched, twins)
             self.runner.stored(prefilled)  # once every group is in: no block a group counted on goes first
             if touched:  # the arrivals' first tokens go out now, not after the step (time to first token)
                 self.sink(touched)
             if self.scheduler.active:
                 self.sink(self.decode())
 
-    def admit(self, group: list[tuple[int, Generation]], start: int,
-              touched: list[Generation]) -> list[tuple[int, Sequence[int], int]]:
+    def admit(self, group: list[tuple[int, Generation]], start: int, touched: list[Generation],
+              twins: dict[int, list[tuple[int, Generation]]]) -> list[tuple[int, Sequence[int], int]]:
         """Prefill requests into their slots in one call (after the first ``start`` tokens, from the prefix
-        cache) and choose their first tokens; (slot, prompt, start) of each prefilled. A failure in a group of
-        several retries them one by one, so that it ends only the request that causes it."""
+        cache) and choose their first tokens; (slot, prompt, start) of each prefilled. ``twins``: the other
+        arrivals with a prefilled request's prompt (n choices), given a copy of its keys and values and its
+        logits instead of a prefill of their own. A failure in a group of several retries them one by one, so
+        that it ends only the request that causes it."""
         slots, prompts = [i for i, _ in group], [g.request.ids for _, g in group]
         try:
             logits = self.runner.prefill(slots, prompts, start)  # (B, V)
         except Exception as err:
             if len(group) > 1:
-                return [done for one in group for done in self.admit([one], start, touched)]
-            end(group[0][1], "error", f"{type(err).__name__}: {err}")
-            touched.append(group[0][1])
+                return [done for one in group for done in self.admit([one], start, touched, twins)]
+            for _, generation in [group[0], *twins.get(group[0][0], [])]:
+                end(generation, "error", f"{type(err).__name__}: {err}")
+                touched.append(generation)
             return []
         for (i, generation), row in zip(group, logits, strict=True):
-            touched.append(generation)
-            r = generation.request
-            self.runner.begin(i, r)
-            stops = r.stop_ids if r.stop_ids is not None else self.ids.stops
-            self.scheduler.place(i, generation, 1 if self.seq2seq else len(r.ids), len(r.ids), stops)
-            try:
-                self.emit(i, self.runner.choose(row[None], [i])[0], row, stepped=False)
-            except Exception as err:  # this request only
-                self.scheduler.end(i, "error", f"{type(err).__name__}: {err}")
+            self.place(i, generation, row, touched)
+            for j, twin in twins.get(i, []):
+                n = len(twin.request.ids)
+                self.runner.share(i, j, 1 if self.seq2seq else n, n)
+                self.place(j, twin, row, touched)
         return [(i, ids, start) for i, ids in zip(slots, prompts, strict=True)]
+
+    def place(self, i: int, generation: Generation, row: torch.Tensor, touched: list[Generation]) -> None:
+        """A prefilled request into slot i: its settings, its place in the scheduler, its first token chosen from
+        its prompt's logits ``row`` (V,)."""
+        touched.append(generation)
+        r = generation.request
+        self.runner.begin(i, r)
+        stops = r.stop_ids if r.stop_ids is not None else self.ids.stops
+        self.scheduler.place(i, generation, 1 if self.seq2seq else len(r.ids), len(r.ids), stops)
+        try:
+            self.emit(i, self.runner.choose(row[None], [i])[0], row, stepped=False)
+        except Exception as err:  # this request only
+            self.scheduler.end(i, "error", f"{type(err).__name__}: {err}")
 
     def decode(self) -> list[Generation]:
         """One token for every held slot in one batched step (rows [0, highest held slot]; a hole's row is padding);

@@ -173,6 +173,13 @@ class EagerRunner:
         self.generators[dst], self.requests[dst] = self.generators[src], self.requests[src]
         self.constraints.move(src, dst)
 
+    def share(self, src: int, dst: int, columns: int, source: int) -> None:
+        """Slot ``src``'s just-prefilled keys and values (``columns`` of them, an encoder-decoder's ``source``
+        too) copied into slot ``dst``, whose request has the same prompt: the prefill the copy stands for would
+        have written the same bits (a prompt's prefill depends on nothing else)."""
+        self.caches.move(src, dst, columns, source if self.seq2seq else 0)
+        self.src_mask[dst] = self.src_mask[src]
+
     # -- the calls ------------------------------------------------------------------------------------------------
     def groups(self, arrivals: Arrivals) -> list[tuple[int, Arrivals]]:
         """The arrivals of one step in groups prefilled together, each with its cached prefix length: a decoder's
