@@ -10,7 +10,9 @@
    twice over while served). The model's layers are plain ``nn.Linear``: the runner attaches the packed forward
    to each for the length of its call and takes it away after.
 2. A thread policy. The fused attention of a prefill gives a row other bits in a batch of 16 than of 4 on two
-   threads, so it runs on one (``one_thread`` inside ``CpuCall``). A model that does not pack (bfloat16 weights,
+   threads, so it runs on one (``one_thread`` inside ``CpuCall``). Steps whose bits do not depend on the thread
+   count (packed products, quantized kernels) run at the count ``ThreadPolicy`` measures faster: all the threads,
+   or one when another process holds a core and a second thread would only wait for it. A model that does not pack (bfloat16 weights,
    unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS`` rows, where BLAS keeps a row's bits, and
    prefills one prompt at a time.
 3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
@@ -25,8 +27,11 @@ docs/benchmarks.md has the measurements behind each choice.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import statistics
+import time
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -155,6 +160,55 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+class ThreadPolicy:
+    """A step's thread count chosen by measurement: the threads torch was given, or one when a second thread only
+    waits (another process holds a core: a 2-thread step then runs at a third of its speed, where one thread
+    keeps its own; docs/benchmarks.md). Every ``every`` steps the next ``probe`` steps run at the other count, and
+    the median of those against the median of the ``probe`` steps just before (the same requests, nearly the same
+    shapes) keeps the faster count for the next period. Only for steps whose bits do not depend on the thread
+    count (packed products, the quantized kernels): switching changes the time, never a token."""
+
+    def __init__(self, threads: int, every: int = 128, probe: int = 4,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.counts, self.every, self.probe, self.clock = (threads, 1), every, probe, clock
+        self.current = threads  # the count steps run at
+        self.steps = every - probe  # steps since the last decision: the first probe comes after ``probe`` steps
+        self.recent: collections.deque[float] = collections.deque(maxlen=probe)  # times at the current count
+        self.trial: list[float] = []  # times at the other count, while probing
+        self.switches = 0
+
+    def other(self) -> int:
+        return self.counts[1] if self.current == self.counts[0] else self.counts[0]
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Run one step at the count the policy picks now (the global count restored after) and time it."""
+        probing = self.steps >= self.every and len(self.recent) == self.probe
+        threads, before = (self.other() if probing else self.current), torch.get_num_threads()
+        if threads != before:
+            torch.set_num_threads(threads)
+        began = self.clock()
+        try:
+            yield
+        finally:
+            took = self.clock() - began
+            if threads != before:
+                torch.set_num_threads(before)
+            self.record(took, probing)
+
+    def record(self, took: float, probing: bool) -> None:
+        self.steps += 1
+        if not probing:
+            self.recent.append(took)
+            return
+        self.trial.append(took)
+        if len(self.trial) == self.probe:
+            if statistics.median(self.trial) < 0.9 * statistics.median(self.recent):
+                self.current, self.switches = self.other(), self.switches + 1
+                self.recent.clear()
+            self.trial, self.steps = [], 0
+
+
 class CpuCall(TorchFunctionMode):
     """A prefill's fused attention (``F.scaled_dot_product_attention``) on one thread: on two, PyTorch's CPU kernel
     gives a row other bits in a batch of 16 than of 4. Steps' single queries take ``decode_attention``, whose bits
@@ -190,6 +244,9 @@ class CpuRunner(EagerRunner):
         self.lean = LeanStep(model, self.caches, packed_add if self.packed else add_product) \
             if not compile and fits(model, self.caches) else None
         self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
+        # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
+        self.threads = ThreadPolicy(torch.get_num_threads()) if self.packed and torch.get_num_threads() > 1 \
+            and self.lean else None
         if compile:
             self.step_fn = self.one_graph()
 
@@ -212,7 +269,7 @@ class CpuRunner(EagerRunner):
         if self.lean is None or (rows is not None and len(rows) > 1):
             return super().step(tokens, lengths, sources, rows)
         token_rows, lengths_t, columns = self.step_inputs(tokens, lengths, rows)
-        with self.calling():
+        with self.calling(), self.threads.step() if self.threads else contextlib.nullcontext():
             return self.lean(token_rows, lengths_t, columns, rows[0] if rows else 0)[: len(lengths)]
 
     def groups(self, arrivals):

@@ -1,0 +1,73 @@
+"""The CPU runner's thread policy (runners/cpu.py ``ThreadPolicy``): a step's thread count chosen by measurement,
+never changing a token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmforge.generation.engine import Engine, Request
+from lmforge.generation.runners.cpu import ThreadPolicy
+from lmforge.models import Decoder, get_preset
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_steps(policy: ThreadPolicy, cost: dict[int, float], n: int, now: list[float]) -> list[int]:
+    """n steps under the policy on a fake clock, each costing cost[threads it ran on]; the counts used."""
+    used = []
+    for _ in range(n):
+        with policy.step():
+            threads = torch.get_num_threads()
+            used.append(threads)
+            now[0] += cost[threads]
+    return used
+
+
+def test_the_policy_keeps_the_faster_count_and_follows_the_machine(two_threads):
+    """A second thread that only waits (a 2-thread step 3x slower than a 1-thread one: another process holds a
+    core) is dropped after the first probe; when the machine frees up, the next probe takes it back. The global
+    count is restored after every step. The first probe comes early (after ``probe`` steps), the others every
+    ``every`` steps."""
+    now = [0.0]
+    policy = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0])
+    used = run_steps(policy, {2: 0.030, 1: 0.010}, 10, now)
+    assert used == [2, 2, 1, 1] + [1] * 6 and policy.current == 1 and torch.get_num_threads() == 2
+    used = run_steps(policy, {2: 0.004, 1: 0.010}, 20, now)
+    assert used[:2] == [1, 1] and used[2:4] == [2, 2] and used[4:12] == [2] * 8  # then a probe of 1 again
+    assert policy.current == 2 and policy.switches == 2
+
+
+def test_a_count_within_10_percent_is_not_worth_a_switch(two_threads):
+    now = [0.0]
+    policy = ThreadPolicy(2, every=4, probe=2, clock=lambda: now[0])
+    run_steps(policy, {2: 0.010, 1: 0.0095}, 30, now)
+    assert policy.current == 2 and policy.switches == 0
+
+
+def test_switching_threads_changes_no_logit(two_threads):
+    """The same requests decoded by a CPU engine whose policy probes every other step (1 and 2 threads in turn)
+    and by one on 2 threads throughout: every logit the same bits (packed products)."""
+    torch.manual_seed(0)
+    model = Decoder(get_preset("gpt-tiny", vocab_size=300, n_layers=2, positions="rotary", norm="rmsnorm",
+                               activation="swiglu", bias=False, n_kv_heads=2, dropout=0.0,
+                               attention_dropout=0.0)).eval()
+    work = [[(7 * k + j) % 290 + 5 for j in range(5 + 3 * k)] for k in range(4)]
+
+    def logits(policy: ThreadPolicy | None) -> list[torch.Tensor]:
+        engine = Engine(model, slots=4)
+        assert engine.runner.threads is not None  # packed float32 on 2 threads: the policy is on
+        engine.runner.threads = policy
+        handles = [engine.submit(Request(ids, max_new_tokens=12, stop_ids=[], keep_logits=True)) for ids in work]
+        engine.run()
+        return [torch.stack(h.logits) for h in handles]
+
+    flipping = ThreadPolicy(2, every=1, probe=1)
+    flipping.record = lambda took, probing: setattr(flipping, "current", flipping.other())  # every step flips
+    assert all(torch.equal(a, b) for a, b in zip(logits(flipping), logits(None), strict=True))
