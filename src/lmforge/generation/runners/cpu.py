@@ -13,8 +13,8 @@
    threads, so it runs on one (``one_thread`` inside ``CpuCall``). Steps whose bits do not depend on the thread
    count (packed products, quantized kernels) run at the count ``ThreadPolicy`` measures faster: all the threads,
    or one when another process holds a core and a second thread would only wait for it. A model that does not
-   pack (bfloat16 weights, unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS`` rows, where BLAS keeps a row's bits, and
-   prefills one prompt at a time.
+   pack (bfloat16 weights, unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS`` rows, where BLAS keeps
+   a row's bits, and prefills one prompt at a time.
 3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
    model's forward (62), the residual sums fused into the packed products (``packed_add``). A lone request steps
    beside a spare row (``rows_for``), so that no product computes a lone row.
