@@ -196,6 +196,18 @@ class ThreadPolicy:
                 torch.set_num_threads(before)
             self.record(took, probing)
 
+    @contextlib.contextmanager
+    def follow(self) -> Iterator[None]:
+        """Run a call at the count steps run at now, untimed (a prefill: its shapes vary too much to compare)."""
+        before = torch.get_num_threads()
+        if self.current != before:
+            torch.set_num_threads(self.current)
+        try:
+            yield
+        finally:
+            if self.current != before:
+                torch.set_num_threads(before)
+
     def record(self, took: float, probing: bool) -> None:
         self.steps += 1
         if not probing:
@@ -280,7 +292,8 @@ class CpuRunner(EagerRunner):
         return [(group[0], [one]) for group in super().groups(arrivals) for one in group[1]]
 
     def call_prefill(self, *args):
-        with CpuCall(), self.products.attached() if self.products else contextlib.nullcontext():
+        with CpuCall(), self.products.attached() if self.products else contextlib.nullcontext(), \
+                self.threads.follow() if self.threads else contextlib.nullcontext():
             return super().call_prefill(*args)
 
     def calling(self) -> contextlib.AbstractContextManager:
