@@ -26,7 +26,8 @@ BOUNDARIES = [
     ("repetition_penalty", math.inf, False, False),
     ("seed", LOW - 1, False, False), ("seed", LOW, True, True), ("seed", HIGH, True, True),
     ("seed", HIGH + 1, False, False),
-    ("stop", [], True, True), ("stop", ["a"] * 4, True, True), ("stop", ["a"] * 5, True, False),
+    ("stop", [], True, True), ("stop", ["a"] * 32, True, True), ("stop", ["a"] * 33, True, False),
+    ("stop", ["a" * 256], True, True), ("stop", ["b", "a" * 257], False, False),
     ("stop", [""], False, False), ("stop", ["a", ""], False, False),
 ]
 WIRE = {"max_new_tokens": ["max_tokens", "max_completion_tokens"]}  # OpenAI's names; the rest keep theirs
@@ -71,7 +72,8 @@ def test_every_decoding_setting_with_a_range_is_probed_at_its_bounds():
     the HTTP API; where the surfaces differ, the difference is declared in the field's ``api``."""
     probed = {name for name, *_ in BOUNDARIES}
     for f in dataclasses.fields(GenerateOptions):
-        rules = [k for k in ("min", "max", "above", "below", "nonempty", "max_items") if f.metadata.get(k)]
+        rules = [k for k in ("min", "max", "above", "below", "nonempty", "max_items", "max_chars")
+                 if f.metadata.get(k)]
         if f.name not in NOT_ON_THE_API and (rules or f.metadata["api"]):
             assert f.name in probed, f"{f.name}: add its bounds to BOUNDARIES"
     differ = {name for name, _, python, http in BOUNDARIES if python != http}

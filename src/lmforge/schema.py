@@ -57,21 +57,21 @@ class Text(str):
 def setting(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
             min: float | None = None, max: float | None = None, above: float | None = None,
             below: float | None = None, choices: Iterable[Any] | None = None, nonempty: bool = False,
-            max_items: int | None = None, api: typing.Mapping[str, Any] | None = None, flag: bool = True,
-            short: str | None = None, metavar: str | None = None, may_change: bool = False) -> Any:
+            max_items: int | None = None, max_chars: int | None = None, api: typing.Mapping[str, Any] | None = None,
+            flag: bool = True, short: str | None = None, metavar: str | None = None, may_change: bool = False) -> Any:
     """A dataclass field with what the schema needs: help, range (min <= v <= max, above < v < below), choices.
 
     A list's items are each checked by the range; ``nonempty`` refuses an empty string (or an empty string in a
-    list), ``max_items`` a longer list. ``api`` holds the rules of the HTTP API (OpenAI's) where they differ
-    from the rest, e.g. ``api={"max": 2}`` for a temperature: the server's request models read the field's
-    rules through ``api_rules``, everything else reads the field's own.
+    list), ``max_items`` a longer list, ``max_chars`` a longer string. ``api`` holds the rules of the HTTP API
+    (OpenAI's) where they differ from the rest, e.g. ``api={"max": 2}`` for a temperature: the server's request
+    models read the field's rules through ``api_rules``, everything else reads the field's own.
     ``flag=False`` keeps a field out of the command line (KEY=VALUE and YAML still set it); ``may_change``
     marks a key that a resumed run may change (how long, how often: not what is trained on).
     """
     meta = {"help": help, "min": min, "max": max, "above": above, "below": below,
             "choices": tuple(choices) if choices is not None else None, "nonempty": nonempty,
-            "max_items": max_items, "api": dict(api or {}), "flag": flag, "short": short, "metavar": metavar,
-            "may_change": may_change}
+            "max_items": max_items, "max_chars": max_chars, "api": dict(api or {}), "flag": flag, "short": short,
+            "metavar": metavar, "may_change": may_change}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -219,6 +219,9 @@ def check_range(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
     if isinstance(value, str):
         if meta.get("nonempty") and not value:
             raise LmforgeError(f"{key}: must not be empty")
+        longest = meta.get("max_chars")
+        if longest is not None and len(value) > longest:
+            raise LmforgeError(f"{key}: must be at most {longest} characters, got {len(value):,}")
         return
     if isinstance(value, bool) or not isinstance(value, Real):  # a NumPy number is one too
         return

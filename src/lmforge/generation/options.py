@@ -13,7 +13,7 @@ No torch here: the command line reads these fields at start-up.
     lmforge.errors.LmforgeError: top_p: must be <= 1, got 1.5
 
 Where the HTTP API accepts other values than the rest it says so in the field's ``api`` (OpenAI's ranges:
-temperature <= 2, at least 1 new token, at most 4 stop strings); ``schema.api_rules`` reads them.
+temperature <= 2, at least 1 new token, at most 32 stop strings); ``schema.api_rules`` reads them.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class GenerateOptions(DecodeOptions):
     seed: int | None = setting(None, "random seed: the same seed gives the same sample", min=SEED_RANGE[0],
                                max=SEED_RANGE[1], metavar="S")
     stop: list[str] = setting(factory=list, help="end the text once it holds STRING (kept; not with beams)",
-                              nonempty=True, metavar="STRING", api={"max_items": 4})
+                              nonempty=True, max_chars=256, metavar="STRING", api={"max_items": 32})
     compile: bool | None = setting(None, "one compiled fixed-shape step per token (default: on for CUDA)")
 
     def validate(self, section: str = "generate") -> None:

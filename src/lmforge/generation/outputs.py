@@ -40,6 +40,13 @@ class TextOutput:
         self.tokenizer, self.stops, self.skip = tokenizer, [s for s in stops if s], frozenset(skip)
         self.keep_stops = keep_stops  # the text ends after the stop string (``lmforge generate --stop``), not before
         self.longest = max((len(s) for s in self.stops), default=0)
+        # for each stop, by character c: the lengths n < len(stop) whose prefix stop[:n] ends in c, longest first
+        self.prefix_ends: list[dict[str, list[int]]] = []
+        for stop in self.stops:
+            ends: dict[str, list[int]] = {}
+            for n in range(len(stop) - 1, 0, -1):
+                ends.setdefault(stop[n - 1], []).append(n)
+            self.prefix_ends.append(ends)
         self.ids: list[int] = []
         self.prefix = self.read = 0  # ids[prefix:read] decoded last time (context); ids[read:] not shown yet
         self.decoded = ""  # all the text decoded so far
@@ -67,8 +74,23 @@ class TextOutput:
                 cut = min(found)[1] if self.keep_stops else min(found)[0]
                 self.decoded = self.decoded[: len(self.decoded) - len(window) + cut]
                 return self.show(len(self.decoded))
-        hold = max((n for s in self.stops for n in range(1, len(s)) if self.decoded.endswith(s[:n])), default=0)
-        return self.show(len(self.decoded) - hold)
+        return self.show(len(self.decoded) - self.held())
+
+    def held(self) -> int:
+        """Characters at the end of the text that could begin a stop string (held back until the next token tells):
+        the longest stop[:n] the text ends with, looked for only among the prefixes ending in the text's last
+        character (a token's cost does not grow with the square of a stop string's length)."""
+        if not self.stops or not self.decoded:
+            return 0
+        last, hold = self.decoded[-1], 0
+        for stop, ends in zip(self.stops, self.prefix_ends, strict=True):
+            for n in ends.get(last, ()):
+                if n <= hold:
+                    break
+                if self.decoded.endswith(stop[:n]):
+                    hold = n
+                    break
+        return hold
 
     def unread(self, final: bool) -> str | None:
         """The text of the tokens not decoded yet (with those before them as context), or None while it ends in

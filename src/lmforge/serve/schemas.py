@@ -11,7 +11,7 @@ A field lmforge does not implement (``tools``) is refused, and so is one the Ope
 
 The sampling fields' ranges are not written here: ``declared`` reads them from their declaration in
 ``generation.options.GenerateOptions`` (the flags' and ``generate``'s), with OpenAI's own where the field's ``api``
-says so (temperature <= 2, max_tokens >= 1, at most 4 stop strings). Only the wire names and OpenAI's defaults
+says so (temperature <= 2, max_tokens >= 1, at most 32 stop strings). Only the wire names and OpenAI's defaults
 (temperature 1, top_p 1) are this module's.
 """
 
