@@ -4,7 +4,8 @@
 #
 #   bench/gpu_lease.sh prepare      here: .whl/ (wheels), .lease/part1/ (half the GGUF, nanoGPT's files at a pinned
 #                                   commit, the Shakespeare text), .lease/part2/ (the other half); both ignored by git
-#   bash bench/gpu_lease.sh part1   there, carry .whl .lease/part1: wheels, CUDA tests, decoding, pretrain vs nanoGPT
+#   bash bench/gpu_lease.sh part1   there, carry .whl .lease/part1: wheels, CUDA tests, decoding, the training step
+#                                   against nanoGPT's model (profiled), pretrain vs nanoGPT's train.py
 #   bash bench/gpu_lease.sh part2   there, right after, carry .lease/part2: engine step, serve start-up and table
 #   bench/gpu_lease.sh smoke        here: every row at tiny shapes (or a short load) on the CPU
 #
@@ -73,6 +74,8 @@ part1() {
     $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py --junit-xml="$OUT/pytest.xml"
   row 110 "decoding, GPT-2 124M, batch 1 and 16" \
     $PY bench/gpu.py --only decode --no-static --new-tokens 128 --gen-rounds 2 --out "$ROWS"
+  row 150 "training step vs nanoGPT's model, profiled" \
+    $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt --out "$ROWS"
   row 210 "pretrain vs nanoGPT" \
     $PY bench/gpu.py --only pretrain --text "$LEASE/shakespeare.txt" --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"
   cat "$ROWS"
@@ -110,6 +113,8 @@ smoke() {  # here, on the CPU: the same commands at tiny shapes (the serve rows:
   row 300 "decoding, smoke" $PY bench/gpu.py --smoke --only decode --no-static --out "$ROWS"
   row 300 "pretrain vs nanoGPT, smoke" $PY bench/gpu.py --smoke --only pretrain --text "$text" \
     --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"
+  row 300 "training step vs nanoGPT's model, smoke" $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt \
+    --smoke --out "$ROWS"
   row 300 "engine step, smoke" $PY bench/gpu_step.py --smoke --out "$ROWS"
   row 600 "serve, smoke" $PY bench/serve.py --servers lmforge lmforge-eager --clients 1 --requests 1 --new 8 \
     --budget 60 --out "$ROWS" --logs "$OUT"
