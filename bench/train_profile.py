@@ -75,7 +75,8 @@ def sync(device: torch.device) -> None:
 
 def profile(step: Callable[[], None], device: torch.device, steps: int = 3) -> dict:
     """Kernel milliseconds a step by kind, their sum, and the step's wall milliseconds."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     sync(device)
     began = time.perf_counter()
