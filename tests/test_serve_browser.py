@@ -80,3 +80,49 @@ def test_a_question_typed_in_the_page_streams_the_apis_greedy_answer(server, bro
     partial = [t for t in dict.fromkeys(browser.execute_script("return window.seen")) if t]
     assert len(partial) >= 3 and all(expected.startswith(t) for t in partial)  # it grew, token by token
     assert browser.find_element(By.ID, "attention").is_enabled()  # the last answer can be inspected
+
+
+def ask(browser, server: str, question: str, tokens: int = 24) -> str:
+    """Type a question into a fresh page (after the caller's settings) and wait for the answer's end; its status."""
+    limit = browser.find_element(By.ID, "max_tokens")
+    limit.clear()
+    limit.send_keys(str(tokens))
+    browser.find_element(By.ID, "prompt").send_keys(question, Keys.ENTER)
+    deadline = time.monotonic() + 60
+    while browser.find_element(By.ID, "status").text not in ("done", "error") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return browser.find_element(By.ID, "status").text
+
+
+def test_top_log_probabilities_show_when_hovering_over_the_answer(server, browser):
+    """With the box ticked the page asks for 5 top log-probabilities: each streamed piece of the answer is a span
+    whose title (the hover) lists its token's probability and the alternatives; the text is the same answer."""
+    question = "name a colour"
+    api = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=60)
+    expected = api.chat.completions.create(model="chat-model", messages=[{"role": "user", "content": question}],
+                                           temperature=0, max_tokens=24).choices[0].message.content
+    browser.get(server + "/")
+    browser.find_element(By.ID, "logprobs").click()
+    assert ask(browser, server, question) == "done"
+    answer = browser.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")[-1]
+    pieces = answer.find_elements(By.CSS_SELECTOR, ".token")
+    assert len(pieces) >= 3 and browser.execute_script("return arguments[0].textContent", answer) == expected
+    titles = [p.get_attribute("title") for p in pieces]
+    assert all("%" in t and t.count("\n") >= 5 for t in titles), titles[:2]  # the token, then 5 alternatives
+
+
+def test_the_schema_box_makes_the_answer_follow_it(server, browser):
+    """A JSON schema typed into the box goes out as response_format: the answer is JSON that follows it; a box
+    that is not JSON is one error line, and nothing is sent."""
+    import json
+
+    browser.get(server + "/")
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    browser.find_element(By.ID, "schema").send_keys(json.dumps(schema))
+    assert ask(browser, server, "is the sea blue?", tokens=40) == "done"
+    answer = browser.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")[-1].text
+    assert json.loads(answer)["answer"] in ("yes", "no")
+    browser.find_element(By.ID, "schema").send_keys("{oops")
+    assert ask(browser, server, "again?") == "error"
+    assert "JSON schema" in browser.find_elements(By.CSS_SELECTOR, "#messages .message.error")[-1].text
