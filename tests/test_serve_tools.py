@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -308,3 +309,26 @@ def test_a_pydantic_tool_through_the_clients_parse(served):
     [call] = out.choices[0].message.tool_calls
     assert isinstance(call.function.parsed_arguments, GetWeather)
     assert call.function.parsed_arguments == GetWeather.model_validate_json(call.function.arguments)
+
+
+def test_n_choices_each_read_for_calls(served):
+    url, _ = served
+    out = client(url).chat.completions.create(model="chat-model", messages=QUESTION, tools=[WEATHER, CLOCK], n=3,
+                                              tool_choice="required", temperature=1.0, seed=3, max_tokens=300)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(valid_calls(c) for c in out.choices)
+    assert len({c.message.tool_calls[0].function.arguments for c in out.choices}) > 1  # seeds 3, 4, 5
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="stops the server through Linux's /proc")
+def test_the_split_server_carries_a_tool_grammar_to_its_engine(tmp_path):
+    """``lmforge serve --http-process``: the call form's grammar crosses the pipe, the call comes back read."""
+    from test_serve_split import start, stop
+
+    proc, url = start(chat_model(tmp_path / "chat-model", max_positions=2048), "--slots", "2")
+    try:
+        [(name, _)] = valid_calls(ask(url, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                      parallel_tool_calls=False))
+        assert name == "get_weather"
+    finally:
+        stop(proc)
