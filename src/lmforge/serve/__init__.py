@@ -8,6 +8,9 @@
     reply.py     one request's tokens as the OpenAI shapes: the whole reply or server-sent events; a client
                  that goes away cancels its request
     logprobs.py  log-probabilities in OpenAI's two shapes (chat's content list, completions' columns)
+    tools.py     tools and tool_choice: checked, stated in the prompt (the template's way or lmforge's words),
+                 the grammar of a call
+    tool_calls.py  a reply read as text or calls: message.tool_calls, or the streamed tool-call deltas
     errors.py    OpenAI's error object for every answer that is not a success, and the status of each failure
     metrics.py   /metrics in Prometheus' text format
     process.py   the process: the decoding engine stepping on the main thread, uvicorn in a thread or in a

@@ -1,6 +1,7 @@
 """The HTTP shell: OpenAI-shaped routes over a ``workflows.serving.ModelService``; no model logic lives here.
 
-    POST /v1/chat/completions   messages through the model's chat template (stream: server-sent events)
+    POST /v1/chat/completions   messages through the model's chat template (stream: server-sent events); tools
+                                (tools.py) and the calls of the reply (tool_calls.py)
     POST /v1/completions        a plain prompt
     POST /v1/embeddings         encoders: the mean-pooled vector ``lmforge embed`` gives
     POST /v1/classify           fine-tuned classifiers: label and probabilities (``lmforge predict``)
@@ -47,6 +48,8 @@ from lmforge.serve.schemas import (
     Sampling,
     TokenizeRequest,
 )
+from lmforge.serve.tool_calls import CallReader
+from lmforge.serve.tools import ToolPlan, check_history, conversation, tool_plan
 from lmforge.workflows.serving import Busy, ModelService
 
 PAGE = Path(__file__).with_name("chat.html")
@@ -140,9 +143,9 @@ def working(app: FastAPI, state: Served) -> None:
     async def chat(body: ChatRequest, request: Request):
         state.check_model(body.model)
         need(service.can("chat"))
-        ids = await state.work(service.chat_ids, body.conversation())
+        plan, ids = await state.work(chat_prompt, service, body)
         return await complete(state, request, body, ids, chat=True,
-                              limit=body.max_completion_tokens or body.max_tokens, top=body.top())
+                              limit=body.max_completion_tokens or body.max_tokens, top=body.top(), plan=plan)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -200,17 +203,29 @@ def tokenizing(app: FastAPI, state: Served) -> None:
         return service.tokenizer_info()
 
 
+def chat_prompt(service: ModelService, body: ChatRequest) -> tuple[ToolPlan | None, list[int]]:
+    """A chat request's tool plan (None: a reply of text) and its prompt's ids: the history's calls and results,
+    and the tools, rendered by the template or in lmforge's words (tools.py). On a worker thread: the tools'
+    schemas compile and the template renders."""
+    messages = body.conversation()
+    check_history(messages)
+    other_format = body.response_format is not None and body.response_format.type != "text"
+    plan = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, service.tokenizer, other_format)
+    messages, tools = conversation(messages, plan, service.chat_format.uses_tools)
+    return plan, service.chat_ids(messages, tools)
+
+
 def need(why_not: str | None) -> None:
     if why_not is not None:
         raise HTTPError(400, why_not, "model")
 
 
 async def complete(state: Served, request: Request, body: Sampling, ids: list[int], chat: bool, limit: int | None,
-                   top: int | None):
+                   top: int | None, plan: ToolPlan | None = None):
     """Queue the generation on the engine and answer with the whole reply, or stream it as server-sent events."""
     if body.n > 1:
-        return await choices_of_one(state, request, body, ids, chat, limit, top)
-    reply, queue = start(state, body, ids, chat, limit, top)
+        return await choices_of_one(state, request, body, ids, chat, limit, top, plan)
+    reply, queue = start(state, body, ids, chat, limit, top, plan=plan)
     if body.stream:
         return StreamingResponse(reply.events(queue, body.include_usage()), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -219,11 +234,11 @@ async def complete(state: Served, request: Request, body: Sampling, ids: list[in
 
 
 async def choices_of_one(state: Served, request: Request, body: Sampling, ids: list[int], chat: bool,
-                         limit: int | None, top: int | None):
+                         limit: int | None, top: int | None, plan: ToolPlan | None):
     """``n`` choices of one prompt, decoded side by side (a seed gives choice k the seed + k); the prompt counted
     once in the usage, as OpenAI does."""
     started = [start(state, body.model_copy(update={"seed": None if body.seed is None else body.seed + k}), ids,
-                     chat, limit, top) for k in range(body.n)]
+                     chat, limit, top, plan=plan) for k in range(body.n)]
     return await as_choices(started, request, prompt_tokens=len(ids))
 
 
@@ -240,8 +255,9 @@ async def as_choices(started: list[tuple[Reply, asyncio.Queue]], request: Reques
 
 
 def start(state: Served, body: Sampling, ids: list[int], chat: bool, limit: int | None, top: int | None,
-          echo: tuple[str, list] | None = None) -> tuple[Reply, asyncio.Queue]:
-    """Submit one generation (429 when the engine's queue is full); its Reply and the queue its callbacks feed."""
+          echo: tuple[str, list] | None = None, plan: ToolPlan | None = None) -> tuple[Reply, asyncio.Queue]:
+    """Submit one generation (429 when the engine's queue is full); its Reply and the queue its callbacks feed.
+    ``plan``: the request's tools, whose grammar the reply follows and whose calls it is read for."""
     service = state.service
     if service.queue_full():
         raise HTTPError(429, "too many requests waiting; retry shortly", headers={"Retry-After": "1"})
@@ -256,12 +272,14 @@ def start(state: Served, body: Sampling, ids: list[int], chat: bool, limit: int 
                              top_p=body.top_p if body.top_p < 1 else None, repetition_penalty=body.repetition_penalty,
                              seed=body.seed, stop_ids=service.stop_ids(chat), stop_strings=body.stop,
                              presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                             logit_bias=service.check_bias(body.logit_bias), constraint=body.constraint(),
+                             logit_bias=service.check_bias(body.logit_bias),
+                             constraint=plan.constraint() if plan is not None else body.constraint(),
                              logprobs=top, on_token=put("token") if top is not None else None, on_text=put("text"),
                              on_finish=put("end"))
     generation = service.complete(request_)
     state.metrics.prompt_tokens += len(ids)
-    return Reply(state, generation, chat, arrived, echo, logprobs=top is not None), queue
+    return Reply(state, generation, chat, arrived, echo, logprobs=top is not None,
+                 calls=CallReader() if plan is not None else None), queue
 
 
 async def complete_all(state: Served, request: Request, body: CompletionRequest, prompts: list, ids: list[list[int]]):

@@ -16,16 +16,18 @@ from typing import Any
 
 from lmforge.serve.errors import HTTPError
 from lmforge.serve.logprobs import chat_content, completion_columns, joined, shown
+from lmforge.serve.tool_calls import CallReader
 
 
 class Reply:
     """The answer to one completion or chat completion (``state``: the server's ``Served``). Its queue receives
     ("text", new text) once a token and at the end (the engine's outputs stage decodes and cuts at stop strings),
     then ("end", generation); ("gone", None) when the client left; with log-probabilities asked, ("token", id)
-    before each token's text (the tokens whose log-probabilities a streamed chunk carries)."""
+    before each token's text (the tokens whose log-probabilities a streamed chunk carries). ``calls``: a request
+    with tools, whose text is read as text or tool calls (tool_calls.py)."""
 
     def __init__(self, state: Any, generation: Any, chat: bool, arrived: float, echo: tuple[str, list] | None = None,
-                 logprobs: bool = False) -> None:
+                 logprobs: bool = False, calls: CallReader | None = None) -> None:
         self.state, self.generation, self.chat, self.arrived = state, generation, chat, arrived
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -34,6 +36,7 @@ class Reply:
         self.echo = echo  # completions: (the prompt's text, its (token, log-probability) pairs) to answer first
         self.logprobs = logprobs  # the request asked for log-probabilities (the engine keeps them)
         self.seen = self.listed = 0  # tokens the outputs stage has handed on; those whose log-probabilities went out
+        self.calls = calls
 
     def token_logprobs(self, upto: int | None = None) -> dict[str, Any] | None:
         """The log-probabilities of the reply's tokens not yet sent, up to ``upto`` (default all), in this
@@ -58,7 +61,8 @@ class Reply:
         return new
 
     def reason(self) -> str:
-        return "length" if self.generation.finish_reason == "length" else "stop"
+        finish = "length" if self.generation.finish_reason == "length" else "stop"
+        return self.calls.reason(finish) if self.calls is not None else finish
 
     def usage(self) -> dict[str, int]:
         prompt, completion = len(self.generation.request.ids), len(self.generation.tokens)
@@ -83,16 +87,20 @@ class Reply:
             raise HTTPError(500, f"the model failed on this request: {self.generation.error}")
         self.state.metrics.completion_tokens += len(self.generation.tokens)
         content = (self.echo[0] if self.echo else "") + "".join(self.pieces)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat else
-                  {"index": 0, "text": content})
+        if self.calls is not None:
+            self.calls.feed(content)
+        message = self.calls.message() if self.calls is not None else {"role": "assistant", "content": content}
+        choice = {"index": 0, "message": message} if self.chat else {"index": 0, "text": content}
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.state.service.name, "usage": self.usage(),
                 "choices": [{**choice, "finish_reason": self.reason(), "logprobs": self.token_logprobs()}]}
 
     def chunk(self, content: str | None, reason: str | None = None, role: bool = False,
-              logprobs: dict[str, Any] | None = None) -> str:
+              logprobs: dict[str, Any] | None = None, delta: dict[str, Any] | None = None) -> str:
+        """One server-sent event: ``content`` (or a chat ``delta`` of tool calls), the finish reason at the end."""
         if self.chat:
-            delta = ({"role": "assistant"} if role else {}) | ({"content": content} if content is not None else {})
+            delta = ({"role": "assistant"} if role else {}) | ({"content": content} if content is not None else {}) \
+                | (delta or {})
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": content or ""}
@@ -104,15 +112,17 @@ class Reply:
     async def events(self, queue: asyncio.Queue, include_usage: bool):
         try:
             if self.chat:
-                yield self.chunk("", role=True)
+                yield self.chunk("" if self.calls is None else None, role=True)
             while True:
                 kind, value = await queue.get()
                 if kind == "token":
                     self.seen += 1
                     continue
                 if kind == "text":
-                    if self.text(value):  # with the log-probabilities of the tokens that made it
+                    if self.text(value) and self.calls is None:  # with the log-probabilities of its tokens
                         yield self.chunk(value, logprobs=self.token_logprobs(self.seen))
+                    for delta in self.calls.feed(value) if self.calls is not None else ():
+                        yield self.chunk(None, logprobs=self.token_logprobs(self.seen), delta=delta)
                     continue
                 self.state.metrics.completion_tokens += len(self.generation.tokens)
                 if self.generation.finish_reason == "error":

@@ -5,9 +5,10 @@ is accepted where a float is asked). Text fields refuse lone UTF-16 surrogates (
 spell but no UTF-8 text holds. Message content is a string or OpenAI's list of content parts, of which lmforge
 reads the text parts (joined by a line break); an image or audio part is refused, naming it.
 
-A field lmforge does not implement (``tools``) is refused, and so is one the OpenAI API would reject
-(``extra="forbid"``). lmforge adds ``top_k`` and ``repetition_penalty``, and two kinds of ``response_format``:
-``{"type": "regex", "regex": "..."}`` and ``{"type": "choice", "choice": ["...", ...]}``.
+A field the OpenAI API would reject is refused (``extra="forbid"``). ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` are read by ``tools.py``, messages may carry ``tool_calls`` (the assistant's) and
+``tool_call_id`` (a tool's result). lmforge adds ``top_k`` and ``repetition_penalty``, and two kinds of
+``response_format``: ``{"type": "regex", "regex": "..."}`` and ``{"type": "choice", "choice": ["...", ...]}``.
 
 The sampling fields' ranges are not written here: ``declared`` reads them from their declaration in
 ``generation.options.GenerateOptions`` (the flags' and ``generate``'s), with OpenAI's own where the field's ``api``
@@ -25,6 +26,7 @@ from lmforge.errors import LmforgeError
 from lmforge.generation.constraints import Constraint
 from lmforge.generation.options import SETTINGS
 from lmforge.schema import api_rules, check_range
+from lmforge.serve.tools import MAX_TOOLS, Call, Tool, ToolChoice
 
 TOP_LOGPROBS = 20  # alternatives a token's log-probability comes with, at most (OpenAI's chat: 20)
 MAX_PROMPTS = 64  # prompts one completion request may hold (each a choice of the answer)
@@ -161,8 +163,10 @@ class TextPart(Strict):
 
 class Message(Strict):
     role: Literal["system", "user", "assistant", "tool"]
-    content: Text | list[TextPart]
+    content: Text | list[TextPart] | None = None  # left out only by an assistant message that calls tools
     name: Text | None = None
+    tool_calls: list[Call] | None = None
+    tool_call_id: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -175,13 +179,19 @@ class Message(Strict):
         return value
 
     def plain(self) -> dict[str, Any]:
-        """The message as chat templates take it: content as one string."""
-        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content)
-        return {"role": self.role, "content": content} | ({"name": self.name} if self.name is not None else {})
+        """The message as chat templates take it: content as one string (None when left out), the calls and the
+        id of the call answered where given."""
+        content = self.content if isinstance(self.content, str | None) else "\n".join(p.text for p in self.content)
+        extra = {"name": self.name, "tool_call_id": self.tool_call_id,
+                 "tool_calls": [c.model_dump() for c in self.tool_calls] if self.tool_calls is not None else None}
+        return {"role": self.role, "content": content} | {k: v for k, v in extra.items() if v is not None}
 
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, "none" without
+    parallel_tool_calls: bool = True
     max_completion_tokens: int | None = declared("max_new_tokens", None)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)

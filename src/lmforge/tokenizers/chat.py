@@ -100,13 +100,15 @@ class ChatTemplate:
     """A model's chat template, compiled once in the bounded sandbox (``tokenizers/sandbox.py``).
 
     tokens: the special tokens templates may name (``bos_token``, ``eos_token``, ...); name: what error messages
-    call the template ("chat template of runs/x"); limits: the budget of each render. ``encode`` keeps the
-    special-token strings of the tokenizer it is given as plain text in message text (``PlainSpecials``).
+    call the template ("chat template of runs/x"); limits: the budget of each render. ``uses_tools``: whether the
+    template reads the ``tools`` variable (a tools section: it states a request's tools its own way). ``encode``
+    keeps the special-token strings of the tokenizer it is given as plain text in message text (``PlainSpecials``).
     """
 
     def __init__(self, source: str, tokens: dict[str, str | None] | None = None, name: str | None = None,
                  limits: RenderLimits | None = None) -> None:
         import jinja2
+        import jinja2.meta
         import jinja2.utils
 
         self.source, self.limits = source, limits or RenderLimits()
@@ -120,6 +122,7 @@ class ChatTemplate:
                                  trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         try:
             self.template = env.compile_bounded(source)
+            self.uses_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
         except jinja2.TemplateSyntaxError as err:
             raise LmforgeError(f"{self.where}: syntax error at line {err.lineno}: {err.message}") from None
         except Exception as err:  # a template file is untrusted input: whatever it does is one line
@@ -303,17 +306,23 @@ class ChatFormat:
         """Trusted text (the template's own, a task file's) -> ids: special-token strings become their ids."""
         return self.tokenizer.encode(text, add_special_tokens=False, allow_special=True).ids
 
-    def conversation_ids(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """The conversation's ids: the template's markers are special tokens, the messages' text plain text."""
-        return self.template.encode(self.tokenizer, messages, add_generation_prompt).ids
+    def conversation_ids(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                         tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation's ids: the template's markers are special tokens, the messages' text plain text;
+        ``tools`` (OpenAI's function objects) go to a template that has a tools section (``uses_tools``)."""
+        return self.template.encode(self.tokenizer, messages, add_generation_prompt, tools=tools).ids
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The conversation so far, ready for the assistant's reply (whether it fits a context is the engine's
         check, ``generation.requests.check_room``)."""
         messages = check_messages(messages)
         if messages[-1]["role"] == "assistant":
             raise LmforgeError("messages: the last message is the assistant's; end with a user turn to get a reply")
-        return self.conversation_ids(messages)
+        return self.conversation_ids(messages, tools=tools)
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.template.uses_tools
 
     def end_of_turn(self) -> list[int]:
         """The special tokens the template writes right after an assistant's content (``<|im_end|>``), and eos."""

@@ -297,10 +297,11 @@ class ModelService:
                 out += [token_logprobs(row, ids[start + k + 1], top) for k, row in enumerate(logits)]
         return out
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The conversation through the model's own chat template, ready for the assistant's reply."""
+    def chat_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation through the model's own chat template, ready for the assistant's reply (``tools``: to
+        a template with a tools section)."""
         self.check_characters(sum(len(m["content"]) for m in messages), "messages")
-        ids = self.chat_format.prompt_ids(messages)
+        ids = self.chat_format.prompt_ids(messages, tools)
         check_room(len(ids), 1, self.context, "messages")
         return ids
 
