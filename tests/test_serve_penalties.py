@@ -104,3 +104,39 @@ def test_n_choices_are_the_same_request_seeded_k_apart(folder):
         chat = requests.post(f"{url}/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hello"}], "n": 2, "temperature": 0, "max_tokens": 4}).json()
         assert len(chat["choices"]) == 2 and chat["choices"][0]["message"] == chat["choices"][1]["message"]
+
+
+def test_n_choices_stream_together_each_with_its_index(folder):
+    """stream with n: the chunks of the n choices interleave, each carrying its index; each choice reassembled is
+    the non-streamed one, one usage chunk counts the prompt once, and one [DONE] ends the stream (chat and
+    completions, through the openai client)."""
+    import openai
+
+    with live_server(folder, slots=4) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        settings = dict(max_tokens=8, temperature=1.0, seed=7, n=3)
+        whole = client.completions.create(model=model, prompt="the cat", **settings)
+        texts, usage = ["", "", ""], []
+        for chunk in client.completions.create(model=model, prompt="the cat", stream=True,
+                                               stream_options={"include_usage": True}, **settings):
+            for choice in chunk.choices:
+                texts[choice.index] += choice.text
+            if chunk.usage is not None:
+                usage.append(chunk.usage)
+        assert texts == [c.text for c in whole.choices] and len(set(texts)) > 1
+        assert len(usage) == 1 and usage[0].prompt_tokens == whole.usage.prompt_tokens
+        assert usage[0].completion_tokens == whole.usage.completion_tokens
+        chat = {"messages": [{"role": "user", "content": "hello"}], **settings}
+        whole = client.chat.completions.create(model=model, **chat)
+        parts, reasons = ["", "", ""], [None] * 3
+        for chunk in client.chat.completions.create(model=model, stream=True, **chat):
+            for choice in chunk.choices:
+                parts[choice.index] += choice.delta.content or ""
+                reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+        assert parts == [c.message.content for c in whole.choices]
+        assert reasons == [c.finish_reason for c in whole.choices]
+        with requests.post(f"{url}/v1/completions", stream=True, json={"prompt": "the cat", "stream": True,
+                                                                        **settings}) as r:
+            lines = [line for line in r.iter_lines(decode_unicode=True) if line]
+        assert lines.count("data: [DONE]") == 1 and lines[-1] == "data: [DONE]"

@@ -37,7 +37,7 @@ from lmforge.serve.errors import HTTPError
 from lmforge.serve.guard import Guard
 from lmforge.serve.logprobs import completion_columns, token_text
 from lmforge.serve.metrics import Metrics
-from lmforge.serve.reply import Reply
+from lmforge.serve.reply import Reply, merged
 from lmforge.serve.schemas import (
     AttentionRequest,
     ChatRequest,
@@ -239,6 +239,11 @@ async def choices_of_one(state: Served, request: Request, body: Sampling, ids: l
     once in the usage, as OpenAI does."""
     started = [start(state, body.model_copy(update={"seed": None if body.seed is None else body.seed + k}), ids,
                      chat, limit, top, plan=plan) for k in range(body.n)]
+    if body.stream:
+        for k, (reply, _) in enumerate(started):
+            reply.index = k
+        return StreamingResponse(merged(started, body.include_usage(), prompt_tokens=len(ids)),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await as_choices(started, request, prompt_tokens=len(ids))
 
 

@@ -37,6 +37,7 @@ class Reply:
         self.logprobs = logprobs  # the request asked for log-probabilities (the engine keeps them)
         self.seen = self.listed = 0  # tokens the outputs stage has handed on; those whose log-probabilities went out
         self.calls = calls
+        self.index = 0  # the choice this reply is, among the n of one request (streamed together: ``merged``)
 
     def token_logprobs(self, upto: int | None = None) -> dict[str, Any] | None:
         """The log-probabilities of the reply's tokens not yet sent, up to ``upto`` (default all), in this
@@ -101,15 +102,23 @@ class Reply:
         if self.chat:
             delta = ({"role": "assistant"} if role else {}) | ({"content": content} if content is not None else {}) \
                 | (delta or {})
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            choice: dict[str, Any] = {"index": self.index, "delta": delta}
         else:
-            choice = {"index": 0, "text": content or ""}
+            choice = {"index": self.index, "text": content or ""}
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.state.service.name,
                 "choices": [{**choice, "finish_reason": reason, "logprobs": logprobs}]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    async def events(self, queue: asyncio.Queue, include_usage: bool):
+    def usage_chunk(self, usage: dict[str, int]) -> str:
+        """The server-sent event that carries a stream's usage (``stream_options.include_usage``)."""
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.state.service.name, "choices": [], "usage": usage}
+        return f"data: {json.dumps(body)}\n\n"
+
+    async def events(self, queue: asyncio.Queue, include_usage: bool, done: bool = True):
+        """The reply as server-sent events; ``done``: end with the usage (when asked) and ``[DONE]`` (not when it
+        is one of n choices streamed together, ``merged``)."""
         try:
             if self.chat:
                 yield self.chunk("" if self.calls is None else None, role=True)
@@ -130,15 +139,51 @@ class Reply:
                     yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
                     return
                 yield self.chunk(None, self.reason(), logprobs=self.token_logprobs())
+                if not done:
+                    return
                 if include_usage:
-                    usage = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                             "created": self.created, "model": self.state.service.name, "choices": [],
-                             "usage": self.usage()}
-                    yield f"data: {json.dumps(usage)}\n\n"
+                    yield self.usage_chunk(self.usage())
                 yield "data: [DONE]\n\n"
                 return
         finally:
             self.generation.cancel()  # a client that went away: its slot is freed at the engine's next step
+
+
+async def merged(replies: list[tuple[Reply, asyncio.Queue]], include_usage: bool, prompt_tokens: int):
+    """n choices of one request streamed as one: each reply's events as they come (its chunks carry its index),
+    then one usage (the prompt counted once, as OpenAI does) and one ``[DONE]``. A client that leaves ends every
+    choice."""
+    events: asyncio.Queue = asyncio.Queue()
+    streams = [reply.events(queue, False, done=False) for reply, queue in replies]
+
+    async def pump(stream) -> None:
+        try:
+            async for event in stream:
+                await events.put(event)
+        finally:
+            await events.put(None)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            event = await events.get()
+            if event is None:
+                running -= 1
+            else:
+                yield event
+        if include_usage:
+            first = replies[0][0]
+            completion = sum(reply.usage()["completion_tokens"] for reply, _ in replies)
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                     "total_tokens": prompt_tokens + completion}
+            yield first.usage_chunk(usage)
+        yield "data: [DONE]\n\n"
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            await stream.aclose()  # each generation cancelled (events' own finally)
 
 
 async def watch(receive: Any, queue: asyncio.Queue) -> None:

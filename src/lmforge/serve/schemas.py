@@ -141,12 +141,6 @@ class Sampling(Strict):
             raise ValueError(str(err).removeprefix("stop: ")) from None
         return stops
 
-    @model_validator(mode="after")
-    def one_stream(self) -> Sampling:
-        if self.n > 1 and self.stream:
-            raise ValueError("n: one choice when streaming (this server)")
-        return self
-
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
