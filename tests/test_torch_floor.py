@@ -47,6 +47,10 @@ SINCE_TEXT = {
         torch.backends.mps: is_available
         torch.cuda: device_count get_rng_state_all is_available is_bf16_supported is_initialized
                     max_memory_allocated set_device set_rng_state_all
+        torch.cuda: CUDAGraph Stream current_stream graph graph_pool_handle stream
+        torch.cuda.graph: (pool=)
+        torch: allclose
+        torch.allclose: (atol=) (rtol=)
         torch.distributed: all_gather_object all_reduce barrier destroy_process_group init_process_group
                            is_available is_initialized
         torch.distributed.ReduceOp: SUM
