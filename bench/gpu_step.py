@@ -8,7 +8,8 @@ forward) and each number of held requests (1, 16; 64 with --rows), an engine of 
 requests mid-reply (prompt 32 tokens, greedy, no early stop) and runs --steps steps, timed by the host clock
 around a synchronised loop (each step reads its tokens back, as a server does). Then a profile of 10 more steps
 (torch.profiler) splits a step into the GPU's kernel time (the sum of kernel durations, and their count) and the
-rest (the host's Python, dispatch and launch work the GPU waits for). The floor beside it: the bytes a step must
+rest, when no kernel runs (the host's Python, dispatch and launch work the GPU waits for, and the gaps between
+kernels: in a CUDA graph, mostly the latter). The floor beside it: the bytes a step must
 read (weights once, the keys and values of the held rows) over the copy bandwidth measured in this run.
 
 Each row is printed and appended to --out as JSON lines as it finishes.
@@ -95,7 +96,7 @@ def step_row(model, runner: str, slots: int, rows: int, capacity: int, steps: in
     if device.type == "cuda":
         kernel_ms, kernels = kernel_profile(engine, 10)
         row.update(kernel_ms=round(kernel_ms, 3), kernels_per_step=kernels,
-                   host_ms=round(row["step_ms"] - kernel_ms, 3))
+                   idle_ms=round(row["step_ms"] - kernel_ms, 3))
     engine.cancel_all()
     engine.run()
     return row

@@ -258,8 +258,10 @@ class EagerRunner:
     def choose(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
         """The next token of each of these slots from its logits (len(slots), V), by the slot's own settings."""
         logits = self.constraints.apply(logits, slots)  # constrained rows: -inf outside their grammar's tokens
-        index = upload(slots, self.device)
         held = [self.requests[i] for i in slots]
+        if all(r.temperature == 0 and r.repetition_penalty == 1.0 and not shifts(r) for r in held):
+            return logits.argmax(dim=-1).tolist()  # greedy rows: no setting to look up (draw's greedy, directly)
+        index = upload(slots, self.device)
         penalised = any(r.repetition_penalty != 1.0 for r in held)
         if any(shifts(r) for r in held):  # (R, V): each row's own shift (zero for the others)
             logits = logits.float() + self.shift.index_select(0, index)
