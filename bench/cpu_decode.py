@@ -4,6 +4,7 @@ transformers, one process per engine and run, engines alternated round by round,
     .venv/bin/python bench/cpu_decode.py                          # every engine, 3 rounds, 1 and 2 threads
     .venv/bin/python bench/cpu_decode.py --engines lmforge-fp32 llama-f32 --rounds 5 --threads 1
     .venv/bin/python bench/cpu_decode.py --smoke                  # one short round, to check the bench itself
+    .venv/bin/python bench/cpu_decode.py --written q8_0 q4_0      # llama.cpp reads the GGUF files lmforge writes
 
 Each run loads SmolLM2-135M-Instruct, reads the same 42-token chat prompt (lmforge's tokenizer and template: the
 ids are handed to every engine), then decodes 128 greedy tokens ignoring end-of-text. It reports load seconds,
@@ -41,7 +42,7 @@ extern "C" void __cxa_call_terminate(void*) noexcept { std::terminate(); }
 QUESTION = "What is the capital of France? Answer in one sentence."
 ENGINES = ["lmforge-fp32", "lmforge-int8", "lmforge-int4", "llama-f32", "llama-q8_0", "llama-q4_1", "transformers"]
 PEERS = {"lmforge-fp32": "llama-f32", "lmforge-int8": "llama-q8_0", "lmforge-int4": "llama-q4_1"}
-FTYPES = {"f32": 0, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0
+FTYPES = {"f32": 0, "q4_0": 2, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_ALL_F32, _MOSTLY_Q4_0, _MOSTLY_Q8_0
 
 
 def memory() -> tuple[float, float]:
@@ -173,6 +174,47 @@ def llama_file(source: Path, kind: str) -> Path:
     return target
 
 
+def written_rows(model: Path, ids: list[int], new: int, kinds: list[str]) -> list[dict]:
+    """For each kind: ``lmforge convert --to-gguf --gguf-type KIND`` of the model, then that file decoded greedily
+    by llama.cpp and by lmforge (each reading it as it stands: fp32 after dequantizing for lmforge), and llama.cpp's
+    own quantization of the same weights to KIND (``llama_model_quantize``) decoded by llama.cpp; how many of the
+    ``new`` tokens agree before the first difference (lmforge against llama.cpp differ by the format's rounding:
+    llama.cpp's Q8_0 / Q4_0 products also round the activations to 8 bits)."""
+    import tempfile
+
+    rows = []
+    cli = [sys.executable, "-m", "lmforge.cli", "convert", "--quiet"]
+    with tempfile.TemporaryDirectory(prefix="lmforge-written-") as tmp:
+        folder = Path(tmp) / "lmforge"
+        subprocess.run([*cli, "--from-gguf", str(model), "--out", str(folder)], check=True)
+        for kind in kinds:
+            written = Path(tmp) / f"written.{kind}.gguf"
+            subprocess.run([*cli, "--to-gguf", str(folder), "--gguf-type", kind, "--out", str(written)], check=True)
+            tokens = {}
+            own_file = llama_file(model, kind) if kind in FTYPES else written  # llama.cpp's own file of that kind
+            for engine, gguf in (("llama-" + kind, written), ("lmforge-fp32", written), ("llama-own", own_file)):
+                command = [sys.executable, __file__, "--worker", engine, "--threads", "1", "--model", str(written),
+                           "--gguf", str(gguf), "--ids", json.dumps(ids), "--new", str(new)]
+                done = subprocess.run(command, capture_output=True, text=True,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
+                if done.returncode != 0:
+                    raise SystemExit(f"{engine} on {written.name}: {done.stderr.strip().splitlines()[-1:]}")
+                tokens[engine] = json.loads(done.stdout.splitlines()[-1])["tokens"]
+            theirs, ours, own = tokens.values()
+            rows.append({"written_by": "lmforge convert --to-gguf", "gguf_type": kind, "bytes": written.stat().st_size,
+                         "llama_cpp_read_it": True, "of": len(theirs),
+                         "llama_cpp_vs_lmforge_same_file": agreeing(theirs, ours),
+                         "llama_cpp_on_it_vs_on_its_own_quantization": agreeing(theirs, own),
+                         "its_own_file_bytes": own_file.stat().st_size})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def agreeing(a: list[int], b: list[int]) -> int:
+    """Greedy tokens equal before the first difference."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+
 def prompt_ids(path: Path) -> list[int]:
     import lmforge
     from lmforge.workflows.chat import chat_format
@@ -190,6 +232,8 @@ def main() -> None:
     p.add_argument("--model", help="a GGUF file (default: SmolLM2-135M-Instruct's Q4_1 from PyPI)")
     p.add_argument("--smoke", action="store_true", help="one round of 8 tokens at 1 thread")
     p.add_argument("--out", type=Path, help="also write the rows here (JSON lines)")
+    p.add_argument("--written", nargs="+", choices=["f32", "f16", "q8_0", "q4_0", "q4_1"],
+                   help="instead: llama.cpp reads these GGUF files written by lmforge convert --to-gguf")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--gguf", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
@@ -202,6 +246,13 @@ def main() -> None:
 
     model = Path(args.model) if args.model else smollm2_path()
     ids = prompt_ids(model)
+    if args.written:
+        if why := llama_ready():
+            raise SystemExit(why)
+        rows = written_rows(model, ids, args.new, args.written)
+        if args.out:
+            args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return None
     engines = list(args.engines)
     if any(e.startswith("llama") for e in engines) and (why := llama_ready()):
         print(why, file=sys.stderr)
