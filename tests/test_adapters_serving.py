@@ -7,7 +7,8 @@ What the tests hold, on a tiny Llama-shaped base and two adapter directories wri
   greedy tokens equal that adapter merged into the base (``load_finetuned``: ``merge_lora``) and decoded alone, its
   logits close to the merged model's (the merged product rounds differently), and a base row's logits bit-equal to
   the same engine's with the request alone (index 0 adds exact zeros; cpu and graphs runners, whose products keep a
-  row's bits whatever its neighbours);
+  row's bits whatever its neighbours); the CPU's one compiled step gives the cpu runner's tokens; a row's adapter
+  follows it when compaction moves it;
 - a bad adapter is one line at start: another base (sha256), another strategy, a trained head, a NAME=DIR typo;
 - through the HTTP API: /v1/models lists the base and each adapter, a request's model picks one, two adapters
   answer differently in one server, each as its merged model served alone; an unknown name is 404; the same in
@@ -111,6 +112,17 @@ def test_mixed_batch_rows_equal_each_adapter_merged_and_decoded_alone(dirs, runn
             (lone,) = decode(model, [prompt], [0], runner)
             assert all(torch.equal(a, b) for a, b in zip(got.logits, lone.logits, strict=True))
     assert changed >= 3  # the adapters do change the replies (the test would pass with no update at all)
+
+
+def test_the_cpus_one_compiled_step_reads_the_rows_adapters(dirs):
+    """``--compile`` on a CPU: the step compiled once for every row count reads the selector's rows as an input."""
+    model = served_base(dirs)
+    engine = Engine(model, slots=8, capacity=64, compile=True)
+    assert engine.runner.name == "cpu, one compiled step" and engine.warmup() == 1
+    gens = [engine.submit(Request(p, max_new_tokens=10, stop_ids=[], adapter=a)) for p, a in zip(PROMPTS, USES,
+                                                                                                  strict=True)]
+    engine.run()
+    assert [g.tokens for g in gens] == [g.tokens for g in decode(model, PROMPTS, USES, "cpu")]
 
 
 def test_a_rows_adapter_follows_it_through_compaction(dirs):
