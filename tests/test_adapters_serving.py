@@ -139,6 +139,23 @@ def test_a_rows_adapter_follows_it_through_compaction(dirs):
         assert gen.tokens == alone.tokens
 
 
+def test_one_prompt_under_two_adapters_shares_neither_a_prefill_nor_a_cached_prefix(dirs):
+    """The same tokens have other keys and values under another adapter: arrivals with one prompt share a prefill
+    only under one adapter, and the prefix cache files each block under its adapter too."""
+    model = served_base(dirs)
+    prompt = list(range(5, 45))  # 40 tokens: 4 blocks of 8 cached
+    alone = {k: decode(model, [prompt], [k], "cpu")[0].tokens for k in (0, 1)}
+    engine = Engine(model, slots=4, capacity=64, runner="cpu", prefix_blocks=32)
+    for k in (1, 0, 1):  # one after another: the second finds the first's blocks only if they ignore the adapter
+        g = engine.submit(Request(prompt, max_new_tokens=10, stop_ids=[], adapter=k))
+        engine.run()
+        assert g.tokens == alone[k]
+    assert engine.runner.prefix.hits == 32  # the third, from the first's blocks
+    together = [engine.submit(Request(prompt, max_new_tokens=10, stop_ids=[], adapter=k)) for k in (0, 1, 1)]
+    engine.run()
+    assert [g.tokens for g in together] == [alone[0], alone[1], alone[1]]
+
+
 def test_an_unknown_adapter_index_is_one_line(dirs):
     engine = Engine(served_base(dirs), slots=2, capacity=64, runner="eager")
     with pytest.raises(LmforgeError, match=r"^adapter: 3 is not one of this model's adapters \(0: none, 1: poems"):
