@@ -9,7 +9,8 @@ What the tests hold, on a tiny Llama-shaped base and two adapter directories wri
   the same engine's with the request alone (index 0 adds exact zeros; cpu and graphs runners, whose products keep a
   row's bits whatever its neighbours); the CPU's one compiled step gives the cpu runner's tokens; a row's adapter
   follows it when compaction moves it;
-- a bad adapter is one line at start: another base (sha256), another strategy, a trained head, a NAME=DIR typo;
+- a bad adapter is one line at start: another base (sha256), another strategy, a trained head, a NAME=DIR typo,
+  a name twice, a quantized base;
 - through the HTTP API: /v1/models lists the base and each adapter, a request's model picks one, two adapters
   answer differently in one server, each as its merged model served alone; an unknown name is 404; the same in
   the two-process server (the request crosses the pipe).
@@ -188,6 +189,9 @@ def test_bad_adapters_are_one_line_at_start(dirs, tmp_path):
     head = write_adapter(dirs["base"], tmp_path / "head", 2, 4.0, ["*.in_proj"], seed=7, train_head=True)
     assert "is not a LoRA factor" in one_line(dirs, f"h={head}")  # the head (tied: tok_emb.weight)
     assert "is not NAME=DIR" in one_line(dirs, str(dirs["poems"]))
+    quantized, _ = load(dirs["base"], dtype="int8")
+    with pytest.raises(LmforgeError, match=r"is a QuantizedLinear in the base, not a float nn\.Linear"):
+        add_adapters(quantized, dirs["base"], ServeOptions(adapter=[f"p={dirs['poems']}"]))
     assert "a name given twice" in one_line(dirs, f"a={dirs['poems']}", f"a={dirs['sums']}")
 
 

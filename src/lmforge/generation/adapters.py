@@ -143,8 +143,9 @@ def check_factors(adapter: LoRAFactors, name: str, layer: nn.Module) -> None:
     """An adapter's (A, B) for ``layer``: shapes (r, in) and (out, r) of this base's layer, or one line."""
     if name not in adapter.layers:
         return
-    if not isinstance(layer, nn.Linear):
-        raise LmforgeError(f"--adapter {adapter.name}: {name} is not a linear layer of the base model")
+    if not isinstance(layer, nn.Linear) or not layer.weight.is_floating_point():
+        raise LmforgeError(f"--adapter {adapter.name}: {name} is a {type(layer).__name__} in the base, not a float "
+                           "nn.Linear (adapters go over float weights: serve without --dtype int8 / int4)")
     a, b = adapter.layers[name]
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != layer.in_features or b.shape != (layer.out_features, a.shape[0]):
         raise LmforgeError(f"--adapter {adapter.name}: {name}'s A {tuple(a.shape)} and B {tuple(b.shape)} do not fit "
