@@ -9,6 +9,7 @@
     slots.py       the fixed-shape KV cache of the engine's slots, and the buckets that bound its shapes
     lean.py        the decoding step of a decoder in few torch calls (one token a row; the CPU runner's)
     prefix.py      prompt beginnings seen before, kept in blocks and reused
+    adapters.py    several LoRA adapters over one base: each row's own adapter in one batched call (serve --adapter)
     decoding.py    generate / stream / pad_prompts: the functions over any model (the engine or a plain stepper)
     options.py     the settings of decoding (max_new_tokens, temperature, top_k, ...), declared once (no torch)
     sampling.py    choosing a token: temperature, top-k, top-p, repetition penalty

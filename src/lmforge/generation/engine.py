@@ -49,7 +49,7 @@ def same_prompts(arrivals: list[tuple[int, Generation]]) -> tuple[list[tuple[int
     kept: list[tuple[int, Generation]] = []
     twins: dict[int, list[tuple[int, Generation]]] = {}
     for i, generation in arrivals:
-        key = tuple(generation.request.ids)
+        key = (generation.request.adapter, *generation.request.ids)  # one prompt under one adapter
         if key in first:
             twins.setdefault(first[key], []).append((i, generation))
         else:
@@ -113,6 +113,10 @@ class Engine:
             raise LmforgeError("stop_strings: the engine needs the tokenizer to read the text the tokens make")
         if r.constraint is not None:
             constraints.check(r.constraint, self.tokenizer)
+        served = self.runner.selector.names if self.runner.selector is not None else []
+        if not 0 <= r.adapter <= len(served):
+            raise LmforgeError(f"adapter: {r.adapter} is not one of this model's adapters (0: none"
+                               + "".join(f", {k}: {name}" for k, name in enumerate(served, start=1)) + ")")
 
     @property
     def active(self) -> list[int]:
@@ -160,6 +164,8 @@ class Engine:
         logits instead of a prefill of their own. A failure in a group of several retries them one by one, so
         that it ends only the request that causes it."""
         slots, prompts = [i for i, _ in group], [g.request.ids for _, g in group]
+        for i, generation in group:  # each slot's settings (its adapter among them) before its prefill
+            self.runner.begin(i, generation.request)
         try:
             logits = self.runner.prefill(slots, prompts, start)  # (B, V)
         except Exception as err:
@@ -173,16 +179,16 @@ class Engine:
             self.place(i, generation, row, touched)
             for j, twin in twins.get(i, []):
                 n = len(twin.request.ids)
+                self.runner.begin(j, twin.request)
                 self.runner.share(i, j, 1 if self.seq2seq else n, n)
                 self.place(j, twin, row, touched)
         return [(i, ids, start) for i, ids in zip(slots, prompts, strict=True)]
 
     def place(self, i: int, generation: Generation, row: torch.Tensor, touched: list[Generation]) -> None:
-        """A prefilled request into slot i: its settings, its place in the scheduler, its first token chosen from
-        its prompt's logits ``row`` (V,)."""
+        """A prefilled request (its settings given to the runner: ``admit``) into slot i: its place in the
+        scheduler, its first token chosen from its prompt's logits ``row`` (V,)."""
         touched.append(generation)
         r = generation.request
-        self.runner.begin(i, r)
         stops = r.stop_ids if r.stop_ids is not None else self.ids.stops
         self.scheduler.place(i, generation, 1 if self.seq2seq else len(r.ids), len(r.ids), stops)
         try:

@@ -14,7 +14,8 @@ What stays exact: a block's keys and values are those of its tokens at their pos
 them, since attention is causal; and the continued prefill gives each position the bits the whole prompt's
 prefill gives it (tests/test_prefix.py checks both, on the engine's thread count). Least recently used blocks
 are dropped beyond ``capacity``. One block costs L layers x 2 x H_kv x BLOCK x d_head numbers (SmolLM2-135M in
-float32: 0.35 MB).
+float32: 0.35 MB). A model serving several LoRA adapters (adapters.py) files each block under its adapter too
+(``tag``): the same tokens have other keys and values under another adapter.
 """
 
 from __future__ import annotations
@@ -44,33 +45,38 @@ class PrefixCache:
             collections.OrderedDict()
         self.hits = self.misses = 0  # prompt tokens taken from the cache / computed
 
-    def longest(self, ids: Sequence[int]) -> int:
+    @staticmethod
+    def key(ids: Sequence[int], end: int, tag: int) -> tuple[int, ...]:
+        """What a block is filed under: the tokens up to its end (and the adapter ``tag``, when not 0)."""
+        return tuple(ids[:end]) if not tag else (-tag, *ids[:end])
+
+    def longest(self, ids: Sequence[int], tag: int = 0) -> int:
         """How many of the prompt's first tokens are cached (a multiple of BLOCK, always less than len(ids))."""
         found = 0
         for end in range(BLOCK, len(ids), BLOCK):  # never the whole prompt: its last token must be computed
-            if tuple(ids[:end]) not in self.blocks:
+            if self.key(ids, end, tag) not in self.blocks:
                 break
             found = end
         return found
 
-    def load(self, slot: int, ids: Sequence[int], start: int) -> None:
+    def load(self, slot: int, ids: Sequence[int], start: int, tag: int = 0) -> None:
         """Copy the cached blocks of the prompt's first ``start`` tokens into columns [0, start) of ``slot``."""
         kvs = self.caches.all()
         for end in range(BLOCK, start + 1, BLOCK):
-            key = tuple(ids[:end])
+            key = self.key(ids, end, tag)
             self.blocks.move_to_end(key)
             for kv, (k, v) in zip(kvs, self.blocks[key], strict=True):
                 kv.k[slot, :, end - BLOCK: end] = k  # (H_kv, BLOCK, d)
                 kv.v[slot, :, end - BLOCK: end] = v
 
-    def store(self, slot: int, ids: Sequence[int], start: int) -> None:
+    def store(self, slot: int, ids: Sequence[int], start: int, tag: int = 0) -> None:
         """Keep the blocks of a prompt just prefilled into ``slot`` (its whole blocks not kept yet), its first
         ``start`` tokens having come from the cache."""
         self.hits += start
         self.misses += len(ids) - start
         kvs = self.caches.all()
         for end in range(BLOCK, len(ids) + 1, BLOCK):
-            key = tuple(ids[:end])
+            key = self.key(ids, end, tag)
             if key in self.blocks:
                 self.blocks.move_to_end(key)
                 continue

@@ -46,6 +46,7 @@ class Request:
     frequency_penalty: float = 0.0  # OpenAI's: minus this times the times a token was generated
     logit_bias: dict[int, float] | None = None  # OpenAI's: added to these tokens' logits
     constraint: Constraint | None = None  # what the reply must match (constraints.py: JSON schema, regex, ...)
+    adapter: int = 0  # the LoRA adapter the request runs under (generation/adapters.py): 0 none, k the k-th served
 
 
 @dataclass(eq=False)

@@ -318,3 +318,39 @@ def finetuned_info(path: str | Path, model: nn.Module) -> dict[str, Any]:
     names = data.get("labels") or [id2label.get(str(i), f"LABEL_{i}") for i in range(model.num_labels)]
     return {"task": "seq-cls" if "Sequence" in kind else "token-cls", "labels": list(names),
             "max_len": model.config.max_positions}
+
+
+def read_lora(folder: Path, base_sha256: str | None) -> tuple[float, dict[str, tuple[Any, Any]]]:
+    """(alpha / r, by layer name (A (r, in), B (out, r))) of a LoRA directory that ``finetune --task chat
+    --strategy lora`` wrote, for serving beside its base (``serve --adapter``): verified like every read, and
+    refused in one line unless it is a chat LoRA of the base whose weights' sha256 is ``base_sha256``, holding
+    LoRA tensors only (a trained head or embedding would change the base for every request)."""
+    from lmforge.models.config import read_json
+    from lmforge.models.registry import read_weights
+
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise LmforgeError(f"--adapter {folder}: no {ADAPTER_CONFIG} (a directory of `lmforge finetune --task chat "
+                           "--strategy lora`)")
+    verify_directory(folder)
+    info = read_json(folder / ADAPTER_CONFIG)
+    where = folder / ADAPTER_CONFIG
+    if info.get("task") != "chat" or info.get("strategy") != "lora" or info.get("mix"):
+        raise LmforgeError(f"--adapter {where}: task {info.get('task')!r}, strategy {info.get('strategy')!r}; "
+                           "only LoRA adapters of a chat fine-tune are served beside a base (--task chat "
+                           "--strategy lora)")
+    if info.get("base_model_sha256") != base_sha256:
+        raise LmforgeError(f"--adapter {where}: trained on another base model (its base_model_sha256 is not the "
+                           f"served --model's weights' sha256); serve it with its own base, {info.get('base_model')}")
+    lora = info.get("lora") or {}
+    tensors = read_weights(folder / ADAPTER_FILE)
+    layers: dict[str, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        layer, _, kind = name.rpartition(".")
+        if kind not in ("lora_A", "lora_B"):
+            raise LmforgeError(f"--adapter {folder / ADAPTER_FILE}: tensor {name!r} is not a LoRA factor (a trained "
+                               "head or embedding cannot be served beside the base: merge it, --merge)")
+        layers.setdefault(layer, {})[kind] = tensor
+    if not layers or any(len(pair) != 2 for pair in layers.values()):
+        raise LmforgeError(f"--adapter {folder / ADAPTER_FILE}: each LoRA layer needs its lora_A and lora_B")
+    r = lora.get("r", 8)
+    return lora.get("alpha", 16.0) / r, {name: (p["lora_A"], p["lora_B"]) for name, p in layers.items()}

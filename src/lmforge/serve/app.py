@@ -84,9 +84,11 @@ class Served:
             self.pending -= 1
 
     def check_model(self, name: str | None) -> None:
-        """A request names this server's model or none (OpenAI: an unknown model is 404 model_not_found)."""
-        if name is not None and name != self.service.name:
-            raise HTTPError(404, f"the model {name!r} does not exist here; this server serves {self.service.name!r} "
+        """A request names this server's model, one of its adapters or none (OpenAI: an unknown model is 404
+        model_not_found)."""
+        if self.service.adapter_index(name) is None:
+            served = ", ".join(map(repr, self.service.names))
+            raise HTTPError(404, f"the model {name!r} does not exist here; this server serves {served} "
                             "(GET /v1/models)", "model", code="model_not_found")
 
 
@@ -126,9 +128,11 @@ def describing(app: FastAPI, state: Served) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": service.name, "object": "model", "created": service.created,
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": service.created,
                                             "owned_by": "lmforge", "context_length": service.context,
-                                            "chat": service.can("chat") is None}]}
+                                            "chat": service.can("chat") is None}
+                                           | ({"parent": service.name} if k else {})  # an adapter of the base
+                                           for k, name in enumerate(service.names)]}
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
@@ -280,7 +284,7 @@ def start(state: Served, body: Sampling, ids: list[int], chat: bool, limit: int 
                              logit_bias=service.check_bias(body.logit_bias),
                              constraint=plan.constraint() if plan is not None else body.constraint(),
                              logprobs=top, on_token=put("token") if top is not None else None, on_text=put("text"),
-                             on_finish=put("end"))
+                             on_finish=put("end"), adapter=service.adapter_index(body.model))
     generation = service.complete(request_)
     state.metrics.prompt_tokens += len(ids)
     return Reply(state, generation, chat, arrived, echo, logprobs=top is not None,
@@ -298,7 +302,8 @@ async def complete_all(state: Served, request: Request, body: CompletionRequest,
             echoes.append(None)
             continue
         text = prompt if isinstance(prompt, str) else service.tokenizer.decode(p_ids)
-        scored = await state.work(service.echo_logprobs, p_ids, top) if top is not None else []
+        scored = await state.work(service.echo_logprobs, p_ids, top, service.adapter_index(body.model)) \
+            if top is not None else []
         echoes.append((text, [(p_ids[0], None), *zip(p_ids[1:], scored, strict=True)] if top is not None else []))
     used = sum(map(len, ids))
     if body.max_tokens == 0:
@@ -306,7 +311,7 @@ async def complete_all(state: Served, request: Request, body: CompletionRequest,
             service.tokenizer, echo[1]) if top is not None else None} for i, echo in enumerate(echoes)]
         state.metrics.prompt_tokens += used
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-                "model": service.name, "choices": choices,
+                "model": service.names[service.adapter_index(body.model)], "choices": choices,
                 "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used}}
     started = [start(state, body, p_ids, False, body.max_tokens, top, echo) for p_ids, echo in
                zip(ids, echoes, strict=True)]

@@ -29,6 +29,7 @@ class Reply:
     def __init__(self, state: Any, generation: Any, chat: bool, arrived: float, echo: tuple[str, list] | None = None,
                  logprobs: bool = False, calls: CallReader | None = None) -> None:
         self.state, self.generation, self.chat, self.arrived = state, generation, chat, arrived
+        self.model = state.service.names[generation.request.adapter]  # the base's name, or the adapter's
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.first = True
@@ -93,7 +94,7 @@ class Reply:
         message = self.calls.message() if self.calls is not None else {"role": "assistant", "content": content}
         choice = {"index": 0, "message": message} if self.chat else {"index": 0, "text": content}
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.state.service.name, "usage": self.usage(),
+                "created": self.created, "model": self.model, "usage": self.usage(),
                 "choices": [{**choice, "finish_reason": self.reason(), "logprobs": self.token_logprobs()}]}
 
     def chunk(self, content: str | None, reason: str | None = None, role: bool = False,
@@ -106,14 +107,14 @@ class Reply:
         else:
             choice = {"index": self.index, "text": content or ""}
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.state.service.name,
+                "created": self.created, "model": self.model,
                 "choices": [{**choice, "finish_reason": reason, "logprobs": logprobs}]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     def usage_chunk(self, usage: dict[str, int]) -> str:
         """The server-sent event that carries a stream's usage (``stream_options.include_usage``)."""
         body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.state.service.name, "choices": [], "usage": usage}
+                "created": self.created, "model": self.model, "choices": [], "usage": usage}
         return f"data: {json.dumps(body)}\n\n"
 
     async def events(self, queue: asyncio.Queue, include_usage: bool, done: bool = True):

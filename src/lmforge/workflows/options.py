@@ -215,3 +215,20 @@ class ServeOptions:
     http_process: bool | None = setting(None, "the HTTP server in a process of its own, forked once the model is "
                                               "loaded: its work never takes the engine's interpreter lock (default: "
                                               "when the machine has a core beyond the engine's --threads)")
+    adapter: list[str] | None = setting(None, "a LoRA adapter served beside --model (a `finetune --task chat "
+                                        "--strategy lora` directory of this base), which requests name as their "
+                                        "model; repeat for more", nonempty=True, metavar="NAME=DIR")
+
+    def adapters(self) -> list[tuple[str, str]]:
+        """The --adapter settings as (name, directory) pairs."""
+        return [(name.strip(), folder) for name, _, folder in (a.partition("=") for a in self.adapter or [])]
+
+    def validate(self, section: str = "serve") -> None:
+        names = []
+        for a in self.adapter or []:
+            name, equals, folder = a.partition("=")
+            if not equals or not name.strip() or not folder:
+                raise LmforgeError(f"{section}.adapter: {a!r} is not NAME=DIR (e.g. --adapter poems=runs/poems)")
+            names.append(name.strip())
+        if len(set(names)) != len(names):
+            raise LmforgeError(f"{section}.adapter: a name given twice ({', '.join(names)}); each needs its own")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import math
 import queue
@@ -146,9 +147,15 @@ class ModelService:
 
     def __init__(self, model: nn.Module, tokenizer: Any, name: str, options: ServeOptions,
                  chat_format: Any = None, info: dict[str, Any] | None = None, engine_thread: bool = True) -> None:
+        from lmforge.generation.adapters import selector_of
         from lmforge.models.interfaces import generates_text
 
         self.model, self.tokenizer, self.name, self.options = model, tokenizer, name, options
+        selector = selector_of(model)
+        self.names = [name, *(selector.names if selector else [])]  # what a request's model may be: index 0 the
+        if len(set(self.names)) != len(self.names):  # base, k the k-th --adapter (Request.adapter)
+            raise LmforgeError(f"--adapter: the names {', '.join(self.names[1:])} must differ from each other and "
+                               f"from the base model's, {name!r}")
         self.chat_format, self.info = chat_format, info or {}
         self.created = int(time.time())
         self.generates = generates_text(model) and "Classification" not in type(model).__name__
@@ -183,6 +190,7 @@ class ModelService:
             model = with_dtype(model, weights.dtype, weights.group_size)
         else:
             model, tokenizer = load(folder, device=runtime.device, dtype=weights.dtype, group_size=weights.group_size)
+        add_adapters(model, folder, options)  # a fine-tuned --model has no weights' sha256 an adapter could name
         if tokenizer is None:
             raise LmforgeError(f"--model: {folder} has no tokenizer; the server reads and writes text")
         model = model.eval()
@@ -191,6 +199,11 @@ class ModelService:
         return cls(model, tokenizer, name, options, fmt, info, engine_thread)
 
     # -- capabilities ---------------------------------------------------------------------------------------
+    def adapter_index(self, name: str | None) -> int | None:
+        """The adapter a request's ``model`` names (``Request.adapter``): 0 the base (or no name), k the k-th
+        --adapter; None when this server does not serve that name."""
+        return 0 if name is None else self.names.index(name) if name in self.names else None
+
     def can(self, endpoint: str) -> str | None:
         """None when this model serves ``endpoint``, else why not (the 400 the API answers)."""
         kind = type(self.model).__name__
@@ -277,19 +290,25 @@ class ModelService:
         check_room(len(ids), 1, self.context, field)
         return ids
 
-    def echo_logprobs(self, ids: list[int], top: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    def echo_logprobs(self, ids: list[int], top: int,
+                      adapter: int = 0) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
         """``prompt_logprobs`` run on the engine's thread (any thread may call it; it waits)."""
         if self.engine is None:
             raise LmforgeError("this model does not generate text")
-        return self.engine.call(self.prompt_logprobs, ids, top)
+        return self.engine.call(self.prompt_logprobs, ids, top, adapter)
 
-    def prompt_logprobs(self, ids: list[int], top: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    def prompt_logprobs(self, ids: list[int], top: int,
+                        adapter: int = 0) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
         """Each prompt token's log-probability given the ones before it (the first has none: the list starts at
         the second), with ``top`` alternatives: what ``echo`` with ``logprobs`` answers. On the engine's thread
-        (``engine.call``), as one forward pass; the vocabulary's log-softmax 256 positions at a time."""
+        (``engine.call``), as one forward pass (under ``adapter``); the vocabulary's log-softmax 256 positions at a
+        time."""
+        from lmforge.generation.adapters import selector_of
         from lmforge.generation.sampling import token_logprobs
 
-        with torch.inference_mode():
+        selector, device = selector_of(self.model), next(self.model.parameters()).device
+        under = selector.using(torch.tensor([adapter], device=device)) if selector else contextlib.nullcontext()
+        with torch.inference_mode(), under:
             h = self.model(torch.tensor([ids]), logits_to_keep=1).last_hidden_state[0, :-1]  # (T-1, D)
             out = []
             for start in range(0, len(ids) - 1, 256):
@@ -382,3 +401,17 @@ class ModelService:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+
+
+def add_adapters(model: nn.Module, base: Path, options: ServeOptions) -> None:
+    """``--adapter NAME=DIR``: each LoRA directory read and checked against the base's weights (their sha256), all
+    of them put over the model's layers (generation/adapters.py), where each request's ``adapter`` picks one."""
+    from lmforge.generation.adapters import LoRAFactors, install_adapters
+    from lmforge.interop.directories import read_lora, weights_sha256
+
+    options.validate()
+    if not options.adapter:
+        return
+    trained_on = weights_sha256(base)
+    install_adapters(model, [LoRAFactors(name, *read_lora(Path(folder), trained_on))
+                             for name, folder in options.adapters()])

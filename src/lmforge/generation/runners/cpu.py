@@ -281,8 +281,10 @@ class CpuRunner(EagerRunner):
         if self.lean is None or (rows is not None and len(rows) > 1):
             return super().step(tokens, lengths, sources, rows)
         token_rows, lengths_t, columns = self.step_inputs(tokens, lengths, rows)
-        with self.calling(), self.threads.step() if self.threads else contextlib.nullcontext():
-            return self.lean(token_rows, lengths_t, columns, rows[0] if rows else 0)[: len(lengths)]
+        first = rows[0] if rows else 0
+        with self.calling(), self.threads.step() if self.threads else contextlib.nullcontext(), \
+                self.adapters(slice(first, first + len(token_rows))):
+            return self.lean(token_rows, lengths_t, columns, first)[: len(lengths)]
 
     def groups(self, arrivals):
         """Packed: prompts of a width bucket prefilled together; otherwise one by one (a row's bits would depend

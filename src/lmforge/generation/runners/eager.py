@@ -16,11 +16,13 @@ policy and the lean step of generation/lean.py; compiled.py: a graph per bucket)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from lmforge.generation.adapters import selector_of
 from lmforge.generation.constraints import RowConstraints
 from lmforge.generation.prefix import PrefixCache
 from lmforge.generation.requests import Generation, Request
@@ -96,6 +98,8 @@ class EagerRunner:
         self.generators: list[torch.Generator | None] = [None] * s
         self.requests: list[Request | None] = [None] * s
         self.constraints = RowConstraints(s, vocab)  # each slot's grammar state (constraints.py; None: free)
+        self.selector = selector_of(model)  # several LoRA adapters over the model (adapters.py), or None
+        self.adapter_of = torch.zeros(s, dtype=torch.long, device=self.device)  # (S,) each slot's adapter, 0: none
         self.prefix = PrefixCache(self.caches, prefix_blocks) if prefix_blocks and self.keeps_prefixes() else None
         self.prefill_fn, self.step_fn = (seq2seq_prefill, seq2seq_step) if self.seq2seq else \
             (decoder_prefill, decoder_step)
@@ -150,6 +154,8 @@ class EagerRunner:
                 ids, bias = zip(*r.logit_bias.items(), strict=True)
                 self.shift[i].index_copy_(0, upload(ids, self.device), upload(bias, self.device, torch.float32))
         self.constraints.begin(i, r.constraint, r.stop_ids)
+        if self.selector is not None:  # a fill on the device, no sync (before its prefill: the engine's order)
+            self.adapter_of[i] = r.adapter
 
     def note(self, i: int, token: int) -> None:
         """Slot i's text now holds ``token`` (for its repetition penalty, and OpenAI's penalties)."""
@@ -172,6 +178,7 @@ class EagerRunner:
         self.src_mask[dst] = self.src_mask[src]
         self.generators[dst], self.requests[dst] = self.generators[src], self.requests[src]
         self.constraints.move(src, dst)
+        self.adapter_of[dst] = self.adapter_of[src]
 
     def share(self, src: int, dst: int, columns: int, source: int) -> None:
         """Slot ``src``'s just-prefilled keys and values (``columns`` of them, an encoder-decoder's ``source``
@@ -179,6 +186,15 @@ class EagerRunner:
         have written the same bits (a prompt's prefill depends on nothing else)."""
         self.caches.move(src, dst, columns, source if self.seq2seq else 0)
         self.src_mask[dst] = self.src_mask[src]
+        self.adapter_of[dst] = self.adapter_of[src]
+
+    def adapters(self, rows: torch.Tensor | slice) -> contextlib.AbstractContextManager:
+        """The next model call's rows take the adapters of these slots (an index (R,), or a slice of rows), read
+        on the device by the model's adapter layers (generation/adapters.py); nothing for a model without."""
+        if self.selector is None:
+            return contextlib.nullcontext()
+        index = self.adapter_of[rows] if isinstance(rows, slice) else self.adapter_of.index_select(0, rows)
+        return self.selector.using(index)
 
     # -- the calls ------------------------------------------------------------------------------------------------
     def groups(self, arrivals: Arrivals) -> list[tuple[int, Arrivals]]:
@@ -190,7 +206,7 @@ class EagerRunner:
         groups: dict[tuple[int, int], Arrivals] = {}
         for i, g in arrivals:
             ids = g.request.ids
-            start = self.prefix.longest(ids) if self.prefix else 0
+            start = self.prefix.longest(ids, g.request.adapter) if self.prefix else 0
             groups.setdefault((start, bucket(len(ids) - start, self.prompt_buckets)), []).append((i, g))
         return [(start, group) for (start, _), group in groups.items()]
 
@@ -199,14 +215,16 @@ class EagerRunner:
         next-token logits (B, V). ``start``: the prompts' first tokens already in the slots (a cached prefix)."""
         if start:
             for i, ids in zip(slots, prompts, strict=True):
-                self.prefix.load(i, ids, start)
+                self.prefix.load(i, ids, start, self.requests[i].adapter)
         width = bucket(max(len(ids) - start for ids in prompts), self.prompt_buckets)
         padded = upload([[*ids[start:], *[self.pad_id] * (width - len(ids) + start)] for ids in prompts],
                         self.device)  # (B, P_b) right-padded
-        layers = self.caches.prefill(upload(slots, self.device), start)
+        index = upload(slots, self.device)
+        layers = self.caches.prefill(index, start)
         if not self.seq2seq:
             last = upload([len(ids) - 1 - start for ids in prompts], self.device)  # (B,)
-            return self.call_prefill(layers, padded, last)
+            with self.adapters(index):
+                return self.call_prefill(layers, padded, last)
         (i,), (ids,) = slots, prompts
         self.src_mask[i] = False
         self.src_mask[i, : len(ids)] = True
@@ -221,7 +239,7 @@ class EagerRunner:
         """Keep the blocks of prompts just prefilled (slot, prompt, cached start) in the prefix cache."""
         if self.prefix is not None:
             for i, ids, start in prefilled:
-                self.prefix.store(i, ids, start)
+                self.prefix.store(i, ids, start, self.requests[i].adapter)
 
     def step(self, tokens: list[int], lengths: list[int], sources: list[int],
              rows: list[int] | None = None) -> torch.Tensor:
@@ -239,7 +257,8 @@ class EagerRunner:
             src_mask = self.src_mask[:width, :memory] if index is None else self.src_mask[index, :memory]
             logits = self.call_step(fn, layers, token_rows, lengths_t, columns, src_mask)
         else:
-            logits = self.call_step(fn, layers, token_rows, lengths_t, columns)
+            with self.adapters(slice(0, width) if index is None else index):
+                logits = self.call_step(fn, layers, token_rows, lengths_t, columns)
         return logits[:n]
 
     def step_inputs(self, tokens: list[int], lengths: list[int],
@@ -273,3 +292,4 @@ class EagerRunner:
         """Rows [0, len(index)) become rows ``index`` (beam search keeps and repeats hypotheses)."""
         self.caches.reorder(index)
         self.src_mask[: len(index)] = self.src_mask.index_select(0, index)
+        self.adapter_of[: len(index)] = self.adapter_of.index_select(0, index)

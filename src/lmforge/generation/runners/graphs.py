@@ -149,13 +149,17 @@ class GraphRunner(EagerRunner):
         return self.graphs[kind, size]
 
     def lean_step(self, columns: int) -> torch.Tensor:
-        """The step a graph records: the lean step of every slot over ``columns`` columns -> logits (S, V)."""
-        return self.lean(self.inputs[0], self.inputs[1], columns)
+        """The step a graph records: the lean step of every slot over ``columns`` columns -> logits (S, V); each
+        row's adapter read from the slots' (S,) at each replay."""
+        with self.adapters(slice(0, self.inputs.shape[1])):
+            return self.lean(self.inputs[0], self.inputs[1], columns)
 
     def prefill_call(self, width: int) -> torch.Tensor:
-        """The prefill a graph records: the prompt (1, width) into slot ``at[0]``, the logits after ``at[1]``."""
+        """The prefill a graph records: the prompt (1, width) into slot ``at[0]``, the logits after ``at[1]``; its
+        adapter that of slot ``at[0]``, gathered at each replay."""
         layers = self.caches.prefill(self.at[:1])
-        return self.call_prefill(layers, self.prompt[None, :width], self.at[1:])  # (1, V)
+        with self.adapters(self.at[:1]):
+            return self.call_prefill(layers, self.prompt[None, :width], self.at[1:])  # (1, V)
 
     def warmup(self) -> int:
         """Record every prefill width and every step width before the first request (on padding into slot 0,
