@@ -49,7 +49,7 @@ SINCE_TEXT = {
                     max_memory_allocated set_device set_rng_state_all
         torch.cuda: CUDAGraph Stream current_stream graph graph_pool_handle stream
         torch.cuda.graph: (pool=)
-        torch: allclose
+        torch: allclose bmm
         torch.allclose: (atol=) (rtol=)
         torch.distributed: all_gather_object all_reduce barrier destroy_process_group init_process_group
                            is_available is_initialized
