@@ -85,12 +85,12 @@ def test_a_model_with_k_quant_matrices_loads_as_the_weights_they_stand_for(tmp_p
 
 
 def test_q4_k_blocks_are_int4_groups_of_32_as_they_stand():
-    """A Q4_K matrix kept as integers: s (q - 8) + z of each group of 32 is the block's value (ggml's), to float32
+    """A Q4_K matrix kept as integers: d q + m of each group of 32 is the block's value (ggml's), to float32
     rounding; the integers are 4-bit."""
     from lmforge.interop.kquants import q4_k_int4
 
     blocks = random_blocks("Q4_K", 32, seed=7)  # 4 rows of 8 blocks of 256: (4, 2048)
-    q, s, z = q4_k_int4(blocks.reshape(-1), (4, 2048))
-    assert q.shape == (4, 2048) and q.max() <= 15 and s.shape == z.shape == (4, 64)
-    values = s.repeat(32, axis=1) * (q.astype(np.float32) - 8) + z.repeat(32, axis=1)
+    q, d, m = q4_k_int4(blocks.reshape(-1), (4, 2048))
+    assert q.shape == (4, 2048) and q.max() <= 15 and d.shape == m.shape == (4, 64)
+    values = d.repeat(32, axis=1) * q.astype(np.float32) + m.repeat(32, axis=1)
     np.testing.assert_allclose(values, dequantize(blocks.reshape(-1), "Q4_K", (4, 2048)), rtol=1e-5, atol=1e-6)

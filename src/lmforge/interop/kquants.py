@@ -82,14 +82,13 @@ def q6_k(blocks: np.ndarray) -> np.ndarray:
 
 
 def q4_k_int4(raw: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A Q4_K matrix (rows, columns) as int4 groups of 32, kept as its integers: each sub-block of 32 weights is
-    x = d s_j q - dmin m_j = s (q - 8) + z with s = d s_j and z = 8 s - dmin m_j, so (q (rows, columns) uint8 in
-    [0, 15], s and z (rows, columns / 32) float32) hold the block's values exactly, in ggml's float32 products
-    (``nn.quant`` then rounds s and z to bfloat16, as for Q4_0 / Q4_1)."""
+    """A Q4_K matrix (rows, columns) as int4 groups of 32, kept as its integers, in Q4_1's form x = d q + m: each
+    sub-block of 32 weights is d s_j q - dmin m_j, so d = d s_j and m = -dmin m_j (float32, ggml's products) hold
+    the block's values exactly. Returns (q (rows, columns) uint8 in [0, 15], d, m (rows, columns / 32));
+    ``nn.quant`` then keeps s = d and z = m + 8 d in bfloat16, as for Q4_0 / Q4_1."""
     rows, columns = shape
     blocks = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, BYTES["Q4_K"])  # (n, 144)
     d, dmin = f16(blocks, 0), f16(blocks, 2)  # (n, 1)
     scales, mins = scales_and_mins(blocks[:, 4:16])  # (n, 8)
-    step, low = d * scales, dmin * mins  # (n, 8): ggml's d1 and m1
     q = nibbles(blocks[:, 16:144]).reshape(rows, columns)
-    return q, step.reshape(rows, columns // 32), (8 * step - low).reshape(rows, columns // 32)
+    return q, (d * scales).reshape(rows, columns // 32), (-(dmin * mins)).reshape(rows, columns // 32)
