@@ -119,7 +119,7 @@ def pretrained_base(tok) -> Decoder:
     return model
 
 
-@pytest.mark.parametrize(("strategy", "steps", "lr"), [("lora", "60", "3e-2"), ("full", "30", "5e-3")])
+@pytest.mark.parametrize(("strategy", "steps", "lr"), [("lora", "60", "2e-2"), ("full", "30", "5e-3")])
 def test_chat_finetuning_runs_learns_and_loads_in_chat(chat_data, tmp_path, capsys, strategy, steps, lr):
     import lmforge
     from lmforge.data.chat import ChatSource

@@ -27,7 +27,9 @@ is one line naming the file and the field.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ import torch
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path
 from lmforge.interop.gguf_file import BLOCK, TYPES, GGUFFile, dequantize, int4_blocks, read_header
+from lmforge.models.unwritten import unwritten
 
 LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -127,32 +130,48 @@ class GGUFModel:
     def chat_template(self) -> str | None:
         return self.metadata.get("tokenizer.chat_template")
 
-    def tensors(self, int4: bool = False) -> dict[str, torch.Tensor | Int4Rows]:
-        """Every tensor as float32, by its Hugging Face Llama name, W_q and W_k rows back in HF order; types and
-        shapes are checked against the config before any is read. ``int4``: Q4_0 / Q4_1 matrices kept as
+    def tensors(self, int4: bool = False) -> TensorReader:
+        """Every tensor by its Hugging Face Llama name, read (dequantized to float32, W_q and W_k rows back in HF
+        order) when looked up, so that a loader holds one tensor's temporaries at a time, not a second model; types
+        and shapes are checked against the config before any is read. ``int4``: Q4_0 / Q4_1 matrices kept as
         ``Int4Rows`` (their integers, no float32 copy)."""
         for t in self.file.tensors:
             if t.kind not in TYPES:
                 raise LmforgeError(f"{self.path}: tensor {t.name} is of type {t.kind}; lmforge reads "
                                    f"{', '.join(TYPES)}")
         check_shapes(self)
-        heads, kv_heads = self.hf_config["num_attention_heads"], self.hf_config["num_key_value_heads"]
-        out = {}
-        for t in self.file.tensors:
-            shape, name = tuple(reversed(t.shape)), hf_name(t.name, self.path)  # ggml: fastest dimension first
-            parts = int4_blocks(self.file.raw(t), t.kind, shape) if int4 and kept_int4(name, t.kind, shape) else \
-                (dequantize(self.file.raw(t), t.kind, shape),)
-            if name.endswith("q_proj.weight"):
-                parts = tuple(unpermute(p, heads) for p in parts)
-            elif name.endswith("k_proj.weight"):
-                parts = tuple(unpermute(p, kv_heads) for p in parts)
-            tensors = [torch.from_numpy(np.ascontiguousarray(p)) for p in parts]
-            if len(tensors) == 1:
-                out[name] = tensors[0]
-            else:  # (q, d, m) -> s = d, z = m + 8 d
-                q, d, m = tensors
-                out[name] = Int4Rows(q, d, m + 8 * d if t.kind == "Q4_1" else m)
-        return out
+        return TensorReader(self, int4)
+
+
+class TensorReader(Mapping):
+    """A GGUF file's tensors by Hugging Face name (``GGUFModel.tensors``): each read from the mapped file when
+    looked up, never kept (look each up once)."""
+
+    def __init__(self, model: GGUFModel, int4: bool) -> None:
+        self.model, self.int4 = model, int4
+        self.infos = {hf_name(t.name, model.path): t for t in model.file.tensors}
+
+    def __len__(self) -> int:
+        return len(self.infos)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.infos)
+
+    def __getitem__(self, name: str) -> torch.Tensor | Int4Rows:
+        t, c = self.infos[name], self.model.hf_config
+        shape = tuple(reversed(t.shape))  # ggml: fastest dimension first
+        raw = self.model.file.raw(t)
+        parts = int4_blocks(raw, t.kind, shape) if self.int4 and kept_int4(name, t.kind, shape) else \
+            (dequantize(raw, t.kind, shape),)  # new arrays either way: the file's pages can go
+        self.model.file.release(t)
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = c["num_attention_heads"] if name.endswith("q_proj.weight") else c["num_key_value_heads"]
+            parts = tuple(unpermute(p, heads) for p in parts)
+        tensors = [torch.from_numpy(np.ascontiguousarray(p)) for p in parts]
+        if len(tensors) == 1:
+            return tensors[0]
+        q, d, m = tensors  # (q, d, m) -> s = d, z = m + 8 d
+        return Int4Rows(q, d, m + 8 * d if t.kind == "Q4_1" else m)
 
 
 def kept_int4(name: str, kind: str, shape: tuple[int, ...]) -> bool:
@@ -307,18 +326,30 @@ def gguf_tokenizer(model: GGUFModel):
     return tok
 
 
-def check_position_tables(config: Any, path: Path) -> None:
+def check_position_tables(config: Any, model: GGUFModel) -> None:
     """The Decoder's rotary tables (llama.context_length rows, not stored in the file) must not outweigh the
-    weights and 1 GiB: sized on the meta device, where building a module allocates nothing."""
+    weights and 1 GiB. Sized from two small Decoders (one layer, a one-token vocabulary, 1 and 2 positions: the
+    tables grow by one row a position), built for real: building the whole one on the meta device would allocate
+    nothing too, but torch computes the tables there through its Python decompositions, which import
+    torch._dynamo (0.9 s of every load)."""
+    import dataclasses
+
     from lmforge.models.decoder import Decoder
 
+    def table_bytes(positions: int) -> int:
+        small = dataclasses.replace(config, n_layers=1, vocab_size=1, max_positions=positions, bos_id=None,
+                                    eos_id=None, pad_id=None)
+        with unwritten():
+            probe = Decoder(small)
+        return sum(b.nelement() * b.element_size() for b in probe.buffers())
+
+    path = model.path
     try:
-        with torch.device("meta"):
-            probe = Decoder(config)
+        first, second = table_bytes(1), table_bytes(2)
     except ValueError as err:  # a shape the modules refuse (an odd rotary head width)
         raise LmforgeError(f"{path}: {err}") from None
-    tables = sum(b.nelement() * b.element_size() for b in probe.buffers())
-    weights = sum(p.nelement() * p.element_size() for p in probe.parameters())
+    tables = first + (config.max_positions - 1) * (second - first)
+    weights = 4 * sum(math.prod(shape) for shape in llama_shapes(model.hf_config).values())  # float32
     if tables > max(weights, 1 << 30):
         raise LmforgeError(f"{path}: metadata llama.context_length = {config.max_positions:,} would need "
                            f"{tables / 1e9:,.1f} GB of rotary tables, more than the weights ({weights / 1e9:.2f} GB) "
@@ -330,9 +361,11 @@ def load_gguf(path: str | os.PathLike, int4: bool = False) -> tuple[torch.nn.Mod
 
     Nothing is allocated from a size the file declares before it is checked: the header against the file's
     length (``read_header``), the tensors against the metadata (``check_shapes``), the position tables against
-    the weights; only then are the tensors dequantized and the Decoder built. ``int4``: the Q4_0 / Q4_1
-    matrices become int4 layers (``nn.quant``, group 32) from their own integers, never dequantized; the
-    others (norms, a Q8_0 or F16 embedding) are read as float32 as always."""
+    the weights; only then are the tensors dequantized, one at a time, and become the Decoder's parameters (built
+    ``unwritten``: no initialisation, no copy; models/unwritten.py). ``int4``: the Q4_0 / Q4_1 matrices become
+    int4 layers (``nn.quant``, group 32) from their own integers, never dequantized (their float32 parameters,
+    allocated but never written, are freed untouched); the others (norms, a Q8_0 or F16 embedding) are read as
+    float32 as always."""
     from lmforge.interop.llama import decoder_config_from_llama, decoder_state_from_llama
     from lmforge.models.decoder import Decoder
     from lmforge.models.registry import load_weights
@@ -345,39 +378,17 @@ def load_gguf(path: str | os.PathLike, int4: bool = False) -> tuple[torch.nn.Mod
                            f"{config.vocab_size} embeddings")
     tokenizer.chat_template = model.chat_template
     check_shapes(model)  # before the probe: building 10^6 layers, even on the meta device, exhausts memory
-    check_position_tables(config, model.path)
-    state = decoder_state_from_llama(model.tensors(int4=int4), config, str(model.path))
-    rows = {name: state.pop(name) for name in list(state) if isinstance(state[name], Int4Rows)}
-    decoder = unwritten_decoder(config) if rows else Decoder(config)
-    load_weights(decoder, state, str(model.path), optional=tuple(rows))
-    for name, values in rows.items():  # the float nn.Linear (never written) goes; the int4 layer comes
-        parent, _, attr = name.removesuffix(".weight").rpartition(".")
-        setattr(decoder.get_submodule(parent), attr, values.layer())
-    return decoder.eval(), tokenizer
-
-
-def unwritten_decoder(config: Any) -> torch.nn.Module:
-    """A Decoder whose parameters are allocated but neither initialised nor written: the weights are about to be
-    loaded, and the float32 matrices that int4 layers replace are freed without ever becoming resident (no float32
-    copy of the model). The buffers a construction computes (the rotary tables) come from a real Decoder of one
-    layer and a one-token vocabulary; a model with computed buffers inside its layers is built for real."""
-    import dataclasses
-
-    from lmforge.models.decoder import Decoder
-
-    small = Decoder(dataclasses.replace(config, n_layers=1, vocab_size=1, bos_id=None, eos_id=None, pad_id=None))
-    computed = [name for name, _ in small.named_buffers() if name not in small.state_dict()]
-    if any(name.startswith("layers.") for name in computed):
-        return Decoder(config)
-    with torch.device("meta"):
+    check_position_tables(config, model)
+    state = decoder_state_from_llama(model.tensors(int4=int4), config, str(model.path),
+                                     convert=lambda v: v.layer() if isinstance(v, Int4Rows) else v)
+    layers = {name: state.pop(name) for name in list(state) if isinstance(state[name], torch.nn.Module)}
+    with unwritten():
         decoder = Decoder(config)
-    decoder.to_empty(device="cpu")
-    if config.tie_embeddings:  # to_empty gave the two their own tensors
-        decoder.lm_head.tie(decoder.tok_emb)
-    for name in computed:
-        owner, _, attr = name.rpartition(".")
-        setattr(decoder.get_submodule(owner), attr, small.get_buffer(name))
-    return decoder
+    load_weights(decoder, state, str(model.path), optional=tuple(layers), assign=True)
+    for name, layer in layers.items():  # the float nn.Linear (never written) goes; the int4 layer comes
+        parent, _, attr = name.removesuffix(".weight").rpartition(".")
+        setattr(decoder.get_submodule(parent), attr, layer)
+    return decoder.eval(), tokenizer
 
 
 # -- writing --------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ size (at most 7.1 float32 bytes per byte, for Q4_0).
 from __future__ import annotations
 
 import math
+import mmap
 import struct
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -61,17 +62,27 @@ class GGUFFile:
     metadata: dict[str, Any]
     tensors: list[TensorInfo]
     data: np.ndarray = field(repr=False)  # the whole file, memory-mapped (uint8)
+    mapping: mmap.mmap | None = field(default=None, repr=False)  # the map ``data`` views
 
     def raw(self, t: TensorInfo) -> np.ndarray:
         """The bytes of tensor ``t`` (a view of the mapped file: nothing is read until used)."""
         return np.asarray(self.data[t.start:t.start + t.n_bytes])
+
+    def release(self, t: TensorInfo) -> None:
+        """Drop the pages of tensor ``t`` from this process's resident memory once it has been read (they stay in
+        the page cache; a later ``raw`` reads them again): a load then holds one tensor of the file at a time, not
+        the whole file beside the model it becomes."""
+        if self.mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            start = t.start // mmap.PAGESIZE * mmap.PAGESIZE
+            self.mapping.madvise(mmap.MADV_DONTNEED, start, t.start + t.n_bytes - start)
 
 
 class Cursor:
     """Reads the header front to back; every read first checks that the file holds the bytes it needs."""
 
     def __init__(self, data: np.ndarray, path: Path) -> None:
-        self.data, self.path, self.size, self.pos = data, path, len(data), 0
+        self.data, self.path, self.size, self.pos = memoryview(data), path, len(data), 0  # a memoryview: slices
+        # of it cost a tenth of a memmap's, which counts for a vocabulary of 49,152 strings and 48,900 merges
 
     def fail(self, what: str, problem: str) -> LmforgeError:
         return LmforgeError(f"{self.path}: {what}: {problem}; {HINT}")
@@ -89,7 +100,25 @@ class Cursor:
     def string(self, what: str) -> str:
         n = self.scalar("Q", what)
         start = self.need(n, what)
-        return bytes(self.data[start:start + n]).decode("utf-8", errors="replace")
+        return str(self.data[start:start + n], "utf-8", "replace")
+
+    def strings(self, count: int, what: str) -> list[str]:
+        """``count`` strings one after the other: ``string`` in one loop (the same checks, inlined: 0.05 s
+        instead of 0.4 s for SmolLM2's tokens and merges)."""
+        data, size, pos, out = self.data, self.size, self.pos, []
+        length = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if size - pos < 8:
+                self.pos = pos
+                self.need(8, what)  # raises, naming the position
+            (n,) = length(data, pos)
+            if n > size - pos - 8:
+                self.pos = pos + 8
+                self.need(n, what)
+            out.append(str(data[pos + 8:pos + 8 + n], "utf-8", "replace"))
+            pos += 8 + n
+        self.pos = pos
+        return out
 
     def count(self, what: str, least: int) -> int:
         """A u64 count of items of at least ``least`` bytes each, refused if the rest of the file cannot hold them."""
@@ -115,7 +144,7 @@ class Cursor:
             return np.frombuffer(self.data, dtype, n, self.need(n * dtype.itemsize, what)).tolist()
         if item != STRING:
             raise self.fail(what, f"arrays of type {item} are not supported (numbers, bools or strings)")
-        return [self.string(what) for _ in range(self.count(what, 8))]
+        return self.strings(self.count(what, 8), what)
 
 
 def read_header(path: Path) -> GGUFFile:
@@ -124,9 +153,11 @@ def read_header(path: Path) -> GGUFFile:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
+        with path.open("rb") as f:
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (ValueError, OSError) as err:  # an empty file cannot be mapped
         raise LmforgeError(f"{path}: not a readable GGUF file ({err})") from None
+    data = np.frombuffer(mapping, dtype=np.uint8)
     c = Cursor(data, path)
     if bytes(data[:4]) != b"GGUF":
         raise LmforgeError(f"{path}: not a readable GGUF file (no GGUF magic at byte 0)")
@@ -151,7 +182,7 @@ def read_header(path: Path) -> GGUFFile:
     if not isinstance(align, int) or align < 1 or align & (align - 1):
         raise c.fail("metadata general.alignment", f"{align!r} is not a power of two")
     tensors = place_tensors(c, infos, -(-c.pos // align) * align, GGML_QUANT_SIZES)
-    return GGUFFile(path, c.size, metadata, tensors, data)
+    return GGUFFile(path, c.size, metadata, tensors, data, mapping)
 
 
 def tensor_info(c: Cursor, types: Any) -> tuple[str, Any, tuple[int, ...], int]:
@@ -220,10 +251,17 @@ def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray
     if kind == "Q8_0":
         blocks = raw.reshape(-1, 2 + BLOCK)  # (n_blocks, bytes): scale d (f16), 32 int8
         d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (n_blocks, 1)
-        return (d * blocks[:, 2:].view(np.int8).astype(np.float32)).reshape(shape)
+        w = blocks[:, 2:].view(np.int8).astype(np.float32)  # (n_blocks, 32); in place: one float32 copy at a time
+        w *= d
+        return w.reshape(shape)
     q, d, m = int4_blocks(raw, kind, shape)  # (rows, K), (rows, K / 32) twice
-    q = q.reshape(*d.shape, BLOCK).astype(np.float32)  # (rows, K / 32, 32)
-    w = d[..., None] * (q - 8) if kind == "Q4_0" else d[..., None] * q + m[..., None]
+    w = q.reshape(*d.shape, BLOCK).astype(np.float32)  # (rows, K / 32, 32); in place below, the same roundings
+    if kind == "Q4_0":  # d (q - 8)
+        w -= 8
+        w *= d[..., None]
+    else:  # d q + m
+        w *= d[..., None]
+        w += m[..., None]
     return w.reshape(shape)
 
 

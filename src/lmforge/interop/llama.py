@@ -37,6 +37,7 @@ computes something else.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from lmforge.errors import LmforgeError
 from lmforge.models.config import DecoderConfig, read_json
 from lmforge.models.decoder import Decoder
 from lmforge.models.registry import WEIGHTS_NAME, load_weights, read_weights
+from lmforge.models.unwritten import unwritten
 
 ARCHITECTURES = {"LlamaForCausalLM": "Decoder"}
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")  # stacked in this order into in_proj
@@ -138,17 +140,21 @@ def llama_config_from_decoder(c: DecoderConfig) -> dict[str, Any]:
 
 # -- the tensors -----------------------------------------------------------------------------------------------
 def decoder_state_from_llama(
-    state: dict[str, torch.Tensor], config: DecoderConfig, source: str = "checkpoint"
+    state: Mapping[str, torch.Tensor], config: DecoderConfig, source: str = "checkpoint",
+    convert: Callable[[Any], Any] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """HF Llama tensors -> the state dict of lmforge's Decoder (without the tied head's alias)."""
-    state = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    """HF Llama tensors -> the state dict of lmforge's Decoder (without the tied head's alias). Each tensor of
+    ``state`` is looked up once, in the Decoder's order: a mapping that reads on lookup (``gguf.TensorReader``)
+    holds one layer's parts at a time. ``convert`` is applied to each value as it is made (GGUF: integer rows
+    become their int4 layer at once, so that the unpacked integers of the whole model never exist together)."""
+    names = {k.removeprefix("model."): k for k in state if not k.endswith(IGNORED_SUFFIXES)}
     used: set[str] = set()
 
     def take(name: str) -> torch.Tensor:
-        if name not in state:
+        if name not in names:
             raise LmforgeError(f"{source}: missing tensor {name!r}")
         used.add(name)
-        return state[name]
+        return state[names[name]]
 
     def stacked(prefix: str, parts: tuple[str, ...], kind: str) -> torch.Tensor:
         values = [take(f"{prefix}.{part}.{kind}") for part in parts]
@@ -156,23 +162,28 @@ def decoder_state_from_llama(
             return values[0].stack(values)
         return torch.cat([v if isinstance(v, torch.Tensor) else v.dequantized() for v in values], dim=0)
 
-    out = {"tok_emb.weight": take("embed_tokens.weight")}
+    out: dict[str, Any] = {}
+
+    def put(name: str, value: Any) -> None:
+        out[name] = convert(value) if convert is not None else value
+
+    put("tok_emb.weight", take("embed_tokens.weight"))
     for i in range(config.n_layers):
         src, dst = f"layers.{i}", f"layers.{i}"
         kinds = ("weight", "bias") if config.bias else ("weight",)
-        out[f"{dst}.norm1.weight"] = take(f"{src}.input_layernorm.weight")
-        out[f"{dst}.norm2.weight"] = take(f"{src}.post_attention_layernorm.weight")
+        put(f"{dst}.norm1.weight", take(f"{src}.input_layernorm.weight"))
+        put(f"{dst}.norm2.weight", take(f"{src}.post_attention_layernorm.weight"))
         for kind in kinds:
-            out[f"{dst}.self_attn.in_proj.{kind}"] = stacked(f"{src}.self_attn", PROJECTIONS, kind)
-            out[f"{dst}.self_attn.out_proj.{kind}"] = take(f"{src}.self_attn.o_proj.{kind}")
-            out[f"{dst}.ffn.fc1.{kind}"] = stacked(f"{src}.mlp", GATED, kind)
-            out[f"{dst}.ffn.fc2.{kind}"] = take(f"{src}.mlp.down_proj.{kind}")
-    out["norm_f.weight"] = take("norm.weight")
+            put(f"{dst}.self_attn.in_proj.{kind}", stacked(f"{src}.self_attn", PROJECTIONS, kind))
+            put(f"{dst}.self_attn.out_proj.{kind}", take(f"{src}.self_attn.o_proj.{kind}"))
+            put(f"{dst}.ffn.fc1.{kind}", stacked(f"{src}.mlp", GATED, kind))
+            put(f"{dst}.ffn.fc2.{kind}", take(f"{src}.mlp.down_proj.{kind}"))
+    put("norm_f.weight", take("norm.weight"))
     if config.tie_embeddings:
         used.add("lm_head.weight")  # some tied checkpoints store the embedding twice
     else:
-        out["lm_head.proj.weight"] = take("lm_head.weight")
-    unused = sorted(set(state) - used)
+        put("lm_head.proj.weight", take("lm_head.weight"))
+    unused = sorted(set(names) - used)
     if unused:
         raise LmforgeError(f"{source}: unexpected tensor {unused[0]!r} (not in a Llama of this config)")
     return out
@@ -234,6 +245,7 @@ def load_llama_folder(path: str | os.PathLike) -> tuple[Decoder, dict[str, Any]]
     hf = read_json(folder / "config.json")
     config = decoder_config_from_llama(hf, str(folder / "config.json"))
     state, source = read_safetensors_folder(folder)
-    model = Decoder(config)
-    load_weights(model, decoder_state_from_llama(state, config, source), source)
+    with unwritten():  # every weight comes from the file: none initialised for nothing (models/unwritten.py)
+        model = Decoder(config)
+    load_weights(model, decoder_state_from_llama(state, config, source), source, assign=True)
     return model.eval(), hf

@@ -34,6 +34,7 @@ from lmforge.models.encoder import (
 )
 from lmforge.models.rnn_seq2seq import RNNSeq2Seq
 from lmforge.models.seq2seq import Seq2Seq
+from lmforge.models.unwritten import assign_weights, unwritten
 from lmforge.tokenizers.base import TOKENIZER_OUTPUTS  # the files of a tokenizer in a model directory
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
@@ -174,11 +175,12 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str,
-                 optional: tuple[str, ...] = ()) -> list[str]:
+                 optional: tuple[str, ...] = (), assign: bool = False) -> list[str]:
     """Copy ``tensors`` into ``model``, checking names and shapes first; errors name the tensor.
 
     Tensors whose names start with one of ``optional`` may be absent: they keep their initial values.
-    Returns the names of those that were absent.
+    Returns the names of those that were absent. ``assign``: the tensors become the parameters, not copied
+    (a model built ``with unwritten()``, whose absent ``optional`` tensors the caller replaces; models/unwritten.py).
     """
     expected = model.state_dict()
     aliases = tied_aliases(expected)
@@ -197,7 +199,10 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise LmforgeError(f"{source}: missing tensor(s) {', '.join(missing[:3])}{more}")
-    model.load_state_dict(tensors, strict=False)
+    if assign:
+        assign_weights(model, tensors, aliases, expected)
+    else:
+        model.load_state_dict(tensors, strict=False)
     return [k for k in absent if k not in missing]
 
 
@@ -207,11 +212,12 @@ def load_pretrained(directory: str | os.PathLike, device: str | torch.device | N
     cfg_file = config_path(folder)
     data = read_json(cfg_file)
     config = config_from_dict(data, str(cfg_file))
-    model = build_model(config, data.get("architecture"), data.get("num_labels"))
+    with unwritten():  # every weight comes from the file (or its layer is replaced): none initialised for nothing
+        model = build_model(config, data.get("architecture"), data.get("num_labels"))
     weights = folder / WEIGHTS_NAME
-    tensors = read_weights(weights)
+    tensors = read_weights(weights)  # memory-mapped: assigned, never copied
     quantized = quantized_layers(data.get("quantized") or {}, tensors, str(cfg_file))
-    load_weights(model, tensors, str(weights), optional=tuple(f"{name}." for name in quantized))
+    load_weights(model, tensors, str(weights), optional=tuple(f"{name}." for name in quantized), assign=True)
     for name, layer in quantized.items():  # the float layer (never written) goes, the quantized one comes
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, layer)

@@ -1,0 +1,180 @@
+"""A model loads in the memory of its file (models/unwritten.py, interop/gguf.py, models/registry.py): no weight is
+initialised only to be overwritten, the file's tensors become the parameters (safetensors stay memory-mapped, a
+GGUF is read one tensor at a time), and the logits are those of a copy into an initialised model, bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch.overrides import TorchFunctionMode
+
+import lmforge
+from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
+from lmforge.models import Decoder
+from lmforge.models.config import DecoderConfig
+from lmforge.models.registry import WEIGHTS_NAME, load_weights, read_weights, save_pretrained, untied
+from lmforge.models.unwritten import unwritten
+
+SRC = Path(lmforge.__file__).resolve().parents[1]  # the lmforge under test, for the measuring process
+INITIALISERS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "trunc_normal_")
+
+
+def llama(vocab: int = 300, d: int = 64, layers: int = 2, d_ff: int = 96, tie: bool = True) -> Decoder:
+    torch.manual_seed(0)
+    config = DecoderConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4, n_kv_heads=2, d_ff=d_ff,
+                           max_positions=128, dropout=0.0, attention_dropout=0.0, activation="swiglu", norm="rmsnorm",
+                           positions="rotary", bias=False, rope_base=100000.0, tie_embeddings=tie, bos_id=1, eos_id=2)
+    return Decoder(config).eval()
+
+
+def byte_tokenizer(vocab: int = 300):
+    from lmforge.tokenizers import ByteLevelBPETokenizer
+
+    text = "the cat sat on the mat while the dog slept under the old oak tree in the garden " * 20
+    tok = ByteLevelBPETokenizer.train([text], vocab, 1, special_tokens=["<|endoftext|>"])
+    return tok
+
+
+def write_gguf_model(model: Decoder, path: Path) -> Path:
+    pytest.importorskip("gguf", reason="the gguf package (lmforge[gguf], in the dev extra) writes GGUF files")
+    from lmforge.interop.gguf import write_gguf
+
+    return write_gguf(path, llama_config_from_decoder(model.config),
+                      llama_state_from_decoder(model.state_dict(), model.config), byte_tokenizer(), None, "f32")
+
+
+def write_hf_llama(model: Decoder, folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(llama_config_from_decoder(model.config)))
+    save_file(untied(llama_state_from_decoder(model.state_dict(), model.config)), str(folder / WEIGHTS_NAME))
+    return folder
+
+
+class CountInitialisers(TorchFunctionMode):
+    """Counts the random initialisers that reach torch (nn.init's and the Tensor methods they call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in INITIALISERS:
+            self.calls[func.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["lmforge", "gguf", "hf-llama"])
+def test_loading_initialises_no_weight_and_draws_no_random_number(tmp_path, kind):
+    model = llama()
+    path = {"lmforge": lambda: save_pretrained(model, tmp_path / "m"), "gguf": lambda: write_gguf_model(
+        model, tmp_path / "m.gguf"), "hf-llama": lambda: write_hf_llama(model, tmp_path / "hf")}[kind]()
+    state = torch.get_rng_state()
+    with CountInitialisers() as counter:
+        loaded, _ = lmforge.load(path)
+    assert counter.calls == Counter()  # before: normal_ / kaiming_uniform_ on every matrix
+    assert torch.equal(torch.get_rng_state(), state)
+    assert loaded.lm_head.proj.weight is loaded.tok_emb.weight  # still tied after the weights were assigned
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_assigned_weights_equal_a_copy_into_an_initialised_model(tmp_path):
+    model = llama(tie=False)
+    folder = save_pretrained(model, tmp_path / "m")
+    loaded, _ = lmforge.load(folder)
+    copied = Decoder(model.config).eval()  # the load as it was: initialise, then copy the file's tensors in
+    load_weights(copied, read_weights(folder / WEIGHTS_NAME), "m")
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, copied(ids).logits)
+    assert {n: p.dtype for n, p in loaded.named_parameters()} == {n: p.dtype for n, p in copied.named_parameters()}
+
+
+def test_a_model_inside_unwritten_computes_its_buffers_and_leaves_initialisers_working_outside():
+    with unwritten():
+        model = llama()
+    reference = llama()
+    for (name, mine), (_, theirs) in zip(model.named_buffers(), reference.named_buffers(), strict=True):
+        assert torch.equal(mine, theirs), name  # the rotary tables: computed, not skipped
+    layer = torch.nn.Linear(4, 4)
+    torch.nn.init.ones_(layer.weight)
+    assert layer.weight.sum().item() == 16.0
+
+
+def test_writing_into_a_loaded_model_leaves_its_file_alone(tmp_path):
+    folder = save_pretrained(llama(), tmp_path / "m")
+    before = hashlib.sha256((folder / WEIGHTS_NAME).read_bytes()).hexdigest()
+    loaded, _ = lmforge.load(folder)
+    with torch.no_grad():
+        for p in loaded.parameters():
+            p.add_(1.0)  # training writes into the parameters: the mapping is private (copy on write)
+    assert hashlib.sha256((folder / WEIGHTS_NAME).read_bytes()).hexdigest() == before
+    again, _ = lmforge.load(folder)
+    assert torch.equal(again.tok_emb.weight + 1.0, loaded.tok_emb.weight)
+
+
+# -- memory, measured in a fresh process -------------------------------------------------------------------------
+MEASURE = """
+import sys, torch, lmforge
+import lmforge.interop.directories, lmforge.interop.gguf, lmforge.models.decoder  # noqa: imported before measuring
+
+def kib(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
+
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident size (Linux 4.0+)
+except OSError:
+    pass
+before = kib("VmRSS")
+model, _ = lmforge.load(sys.argv[1], tokenizer=False)
+peak = kib("VmHWM") - before
+with torch.no_grad():
+    model(torch.tensor([[1, 2, 3]]))
+print(peak * 1024, (kib("VmRSS") - before) * 1024)
+"""
+
+
+def measure(path: Path) -> tuple[int, int]:
+    """(peak resident bytes during ``lmforge.load(path)``, resident bytes after a forward pass), both over the
+    resident size before the load, in a fresh process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(SRC), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, env=env,
+                         timeout=300, check=True)
+    peak, after = out.stdout.split()
+    return int(peak), int(after)
+
+
+def big_llama() -> Decoder:
+    """~120 MB of float32 weights: the load's own allocations (config, code) are noise beside them."""
+    return llama(vocab=8192, d=512, layers=6, d_ff=2048)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM / VmRSS from /proc (Linux)")
+def test_a_safetensors_load_peaks_within_1_5x_its_file_and_stays_within_1_3x(tmp_path):
+    folder = save_pretrained(big_llama(), tmp_path / "m")
+    size = (folder / WEIGHTS_NAME).stat().st_size
+    peak, after = measure(folder)
+    assert peak <= 1.5 * size, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file"  # before: 2.1x
+    assert after <= 1.3 * size, f"{after / 2**20:.0f} MiB resident for a {size / 2**20:.0f} MiB file"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM / VmRSS from /proc (Linux)")
+def test_a_gguf_load_peaks_within_1_5x_the_weights_it_makes(tmp_path):
+    model = big_llama()
+    path = write_gguf_model(model, tmp_path / "m.gguf")
+    weights = sum(p.nelement() * p.element_size() for p in model.parameters())  # float32, as loaded
+    peak, after = measure(path)
+    assert peak <= 1.5 * weights, f"peak {peak / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights"  # was 4.0x
+    assert after <= 1.3 * weights, f"{after / 2**20:.0f} MiB resident for {weights / 2**20:.0f} MiB of weights"
