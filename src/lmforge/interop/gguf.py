@@ -80,7 +80,7 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 # -- reading --------------------------------------------------------------------------------------------------
-INT4_TYPES = ("Q4_0", "Q4_1")  # blocks of 32 that are int4 groups of 32 as they stand
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # blocks that are int4 groups of 32 as they stand (Q4_K: its sub-blocks)
 
 
 @dataclass
@@ -171,11 +171,11 @@ class TensorReader(Mapping):
         if len(tensors) == 1:
             return tensors[0]
         q, d, m = tensors  # (q, d, m) -> s = d, z = m + 8 d
-        return Int4Rows(q, d, m + 8 * d if t.kind == "Q4_1" else m)
+        return Int4Rows(q, d, m + 8 * d if t.kind != "Q4_0" else m)  # Q4_1, Q4_K: x = d q + m
 
 
 def kept_int4(name: str, kind: str, shape: tuple[int, ...]) -> bool:
-    """Whether a tensor becomes an int4 layer as stored: a Q4_0 / Q4_1 matrix of a linear layer (not the
+    """Whether a tensor becomes an int4 layer as stored: a Q4_0 / Q4_1 / Q4_K matrix of a linear layer (not the
     embedding, a lookup) of a shape the int4 kernel holds (rows a multiple of 16)."""
     from lmforge.nn.quant import unsupported
 

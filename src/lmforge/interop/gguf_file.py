@@ -266,14 +266,19 @@ def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray
 
 
 def int4_blocks(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_0 / Q4_1 bytes -> (q uint8 (rows, K) in [0, 15], d float32 (rows, K / 32), m float32 (rows, K / 32)),
-    x = d (q - 8) for Q4_0 (m = 0 here) and x = d q + m for Q4_1: the integers as stored, nothing dequantized.
+    """Q4_0 / Q4_1 / Q4_K bytes -> (q uint8 (rows, K) in [0, 15], d float32 (rows, K / 32), m float32 (rows,
+    K / 32)), x = d (q - 8) for Q4_0 (m = 0 here) and x = d q + m for Q4_1 and Q4_K (whose d and m are its
+    sub-block's products d s_j and -dmin m_j): the integers as stored, nothing dequantized.
 
     >>> block = np.frombuffer(np.float16(0.5).tobytes() + bytes([0x21] + [0] * 15), dtype=np.uint8)
     >>> q, d, m = int4_blocks(block, "Q4_0", (1, 32))
     >>> q[0, [0, 16]].tolist(), d.tolist()
     ([1, 2], [[0.5]])
     """
+    if kind == "Q4_K":  # 8 sub-blocks of 32 a block of 256: kquants.py
+        from lmforge.interop.kquants import q4_k_int4
+
+        return q4_k_int4(raw, (math.prod(shape[:-1]), shape[-1]))
     raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     head = {"Q4_0": 2, "Q4_1": 4}[kind]  # bytes of scale (and offset) per block
     blocks = raw.reshape(-1, head + BLOCK // 2)  # (n_blocks, bytes)
