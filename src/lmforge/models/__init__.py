@@ -11,6 +11,7 @@
     heads.py         output heads: LM, masked LM, next sentence, sequence and token classification
     config.py        one config dataclass per architecture (config.json), the presets
     registry.py      model directories: build from a config, save and load weights, count parameters
+    unwritten.py     models built without initialising the weights a load is about to assign
     strategies.py    the four fine-tuning strategies as model surgery, task heads on a backbone
     interfaces.py    what generic code may assume of a model (EncoderDecoder, ...): explicit Protocols
     outputs.py       ModelOutput: what every forward returns
