@@ -76,8 +76,8 @@ def serve_http(service: ModelService, options: ServeOptions, layout: str = "HTTP
                                "(is the port in use?)")
         if (warning := exposure_warning(options)) is not None:
             print(f"lmforge serve: warning: {warning}", file=sys.stderr, flush=True)
-        graphs, seconds = service.warmup or (0, 0.0)
-        ready = f"; {graphs} graph{'s' * (graphs != 1)} compiled in {seconds:.0f} s" if graphs else ""
+        graphs, seconds, how = service.warmup or (0, 0.0, "")
+        ready = f"; {graphs} graph{'s' * (graphs != 1)} {how} in {seconds:.1f} s" if graphs else ""
         print(f"lmforge serve: {service.name} on http://{options.host}:{options.port} ({service.load()[2]} slots, "
               f"context {service.context}{ready}; {layout})", file=sys.stderr, flush=True)
         step_until(service, lambda: not http.is_alive() or drain.over())  # until the drain after a signal has ended

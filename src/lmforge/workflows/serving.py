@@ -161,7 +161,7 @@ class ModelService:
         self.generates = generates_text(model) and "Classification" not in type(model).__name__
         self.context = getattr(model.config, "max_positions", 0)
         self.engine: EngineThread | None = None
-        self.warmup: tuple[int, float] | None = None  # compiled engines: (graphs, seconds) made at start
+        self.warmup: tuple[int, float, str] | None = None  # (graphs, seconds, how: recorded | compiled) at start
         if self.generates:
             self.lm = LM(model, tokenizer, chat_format, slots=options.slots, capacity=options.context,
                          compile=options.compile, prefix_blocks=options.prefix_cache, log=True)
@@ -169,7 +169,8 @@ class ModelService:
             self.context = engine.capacity
             began = time.perf_counter()
             graphs = engine.warmup()  # compiled: every graph before the first request, none while serving
-            self.warmup = (graphs, time.perf_counter() - began) if graphs else None
+            how = "recorded" if engine.runner.name == "graphs" else "compiled"  # CUDA graphs, or torch.compile's
+            self.warmup = (graphs, time.perf_counter() - began, how) if graphs else None
             self.engine = EngineThread(engine, start=engine_thread)  # else the caller runs it (EngineThread.run)
         self.model_lock = threading.Lock()  # encoders and classifiers: one batch at a time
 
