@@ -91,6 +91,8 @@ part2() {
     --slots 16 --rows 1 16 --out "$ROWS"
   row 45 "engine step, SmolLM2 bf16, 64 slots" $PY bench/gpu_step.py --model "$LEASE/cache/smollm2/$GGUF" \
     --slots 64 --rows 64 --runners graphs --out "$ROWS"
+  row 60 "engine step, SmolLM2 bf16, fused attention" $PY bench/gpu_step.py --model "$LEASE/cache/smollm2/$GGUF" \
+    --slots 16 --rows 1 16 --runners graphs --attention fused --out "$ROWS"
   row 330 "serve: lmforge (CUDA graphs, eager) vs transformers serve CB" \
     $PY bench/serve.py --device cuda --dtype bf16 --servers lmforge lmforge-eager transformers-cb \
     --clients 1 4 16 64 --slots 64 --requests 2 --prompts long --budget 45 --out "$ROWS" --logs "$OUT"
@@ -116,6 +118,8 @@ smoke() {  # here, on the CPU: the same commands at tiny shapes (the serve rows:
   row 300 "training step vs nanoGPT's model, smoke" $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt \
     --smoke --out "$ROWS"
   row 300 "engine step, smoke" $PY bench/gpu_step.py --smoke --out "$ROWS"
+  row 300 "engine step, fused attention, smoke" $PY bench/gpu_step.py --smoke --runners graphs --attention fused \
+    --out "$ROWS"
   row 600 "serve, smoke" $PY bench/serve.py --servers lmforge lmforge-eager --clients 1 --requests 1 --new 8 \
     --budget 60 --out "$ROWS" --logs "$OUT"
   cat "$ROWS"

@@ -51,9 +51,12 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * n * 20 / (time.perf_counter() - began)
 
 
-def held_engine(model, runner: str, slots: int, rows: int, capacity: int) -> Engine:
-    """An engine of ``slots`` slots, warmed up, holding ``rows`` requests past their prefills."""
+def held_engine(model, runner: str, slots: int, rows: int, capacity: int, fused: bool = False) -> Engine:
+    """An engine of ``slots`` slots, warmed up, holding ``rows`` requests past their prefills (``fused``: its lean
+    step's attention as one fused call, lean.py)."""
     engine = Engine(model, slots=slots, capacity=capacity, runner=runner)
+    if fused and getattr(engine.runner, "lean", None) is not None:
+        engine.runner.lean.fused = True
     engine.warmup()
     vocab = model.config.vocab_size
     for k in range(rows):
@@ -77,9 +80,9 @@ def kernel_profile(engine: Engine, steps: int) -> tuple[float, int]:
 
 
 def step_row(model, runner: str, slots: int, rows: int, capacity: int, steps: int, floor_bytes: float,
-             bandwidth: float) -> dict:
+             bandwidth: float, fused: bool = False) -> dict:
     device = next(model.parameters()).device
-    engine = held_engine(model, runner, slots, rows, capacity)
+    engine = held_engine(model, runner, slots, rows, capacity, fused)
     times = []
     for _ in range(3):  # three timed passes; the median pass is reported
         sync(device)
@@ -88,7 +91,8 @@ def step_row(model, runner: str, slots: int, rows: int, capacity: int, steps: in
             engine.step()
         sync(device)
         times.append((time.perf_counter() - began) / steps * 1000)
-    row = {"bench": "gpu-step", "runner": engine.runner.name, "slots": slots, "rows": rows,
+    row = {"bench": "gpu-step", "runner": engine.runner.name, "attention": "fused" if fused else "matmul",
+           "slots": slots, "rows": rows,
            "step_ms": round(statistics.median(times), 3), "step_ms_spread": [round(t, 3) for t in times],
            "tokens_per_s": round(rows * 1000 / statistics.median(times), 1),
            "floor_ms": round(1000 * floor_bytes / bandwidth, 4), "recorded_graphs": getattr(engine.runner,
@@ -111,6 +115,8 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=512)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--runners", nargs="+", default=["graphs", "eager"])
+    p.add_argument("--attention", choices=["matmul", "fused"], default="matmul",
+                   help="the lean step's attention: four calls, or one fused call (scaled_dot_product_attention)")
     p.add_argument("--smoke", action="store_true", help="a 2-layer model, 3 steps (CPU is fine)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu-step.jsonl"))
     args = p.parse_args()
@@ -139,7 +145,7 @@ def main() -> None:
             cache = 2 * layers * rows * kv.n_kv_heads * kv.d_qk * 64 * 2  # keys, values of ~64 columns a row
             try:
                 row = step_row(model, runner, args.slots, rows, args.capacity, args.steps, weights + cache,
-                               bandwidth)
+                               bandwidth, args.attention == "fused")
             except Exception as err:  # one failing row is reported; the others still run
                 row = {"bench": "gpu-step", "runner": runner, "rows": rows, "error": f"{type(err).__name__}: {err}"}
             row.update(model=what, device=name, dtype=str(dtype), torch=torch.__version__,

@@ -155,3 +155,21 @@ def test_a_row_stepped_alone_has_the_bits_it_has_in_the_batch():
         assert torch.equal(together, alone) and torch.equal(cache, runner.caches.buffer)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_fused_attention_gives_the_four_calls_logits():
+    """The lean step's attention as one fused call (``fused``: scaled_dot_product_attention with the step's bias as
+    its mask, what a GPU may prefer) against the four calls: every logit of mixed-length requests, to float
+    rounding, and the fused step still counts far fewer calls than the model's forward."""
+    model = smollm2_shaped(n_layers=4)
+    work = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]
+
+    def logits(fused: bool) -> list[torch.Tensor]:
+        engine = Engine(model, slots=8)
+        engine.runner.lean.fused = fused
+        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
+        engine.run()
+        return [torch.stack(h.logits) for h in handles]
+
+    for a, b in zip(logits(True), logits(False), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

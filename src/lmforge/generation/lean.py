@@ -106,6 +106,9 @@ class LeanStep:
     def __init__(self, model: Decoder, caches: SlotCaches,
                  add_product: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = add_product) -> None:
         self.model, self.buffer, self.add_product = model, caches.buffer, add_product
+        # the attention as one fused call (F.scaled_dot_product_attention with the bias as its mask) instead of the
+        # four above: fewer kernels on a GPU, to be chosen by measurement there (bench/gpu_step.py --attention)
+        self.fused = False
         attention = model.layers[0].self_attn
         self.h, self.h_kv, self.d = attention.n_heads, attention.n_kv_heads, attention.d_qk
         self.scale = attention.scale
@@ -133,7 +136,7 @@ class LeanStep:
         if model.pos_emb is not None:
             x = x + F.embedding(lengths, model.pos_emb.embedding.weight)
         cache = self.buffer[:, :, first:first + rows, :, :columns]  # (L, 2, R, H_kv, C, d)
-        keys = cache[:, 0].transpose(-1, -2).unbind(0)  # L x (R, H_kv, d, C): Kᵀ of each layer
+        keys = cache[:, 0].unbind(0) if self.fused else cache[:, 0].transpose(-1, -2).unbind(0)  # L x Kᵀ, or K
         values = cache[:, 1].unbind(0)  # L x (R, H_kv, C, d)
         targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
         t = self.step_tensors(lengths, columns, first)
@@ -167,7 +170,8 @@ class LeanStep:
 
     def attend(self, layer: TransformerLayer, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                target: torch.Tensor, t: StepTensors) -> torch.Tensor:
-        """The attention heads (R, H d) of h (R, D) over the cached keys k (R, H_kv, d, C) and values v."""
+        """The attention heads (R, H d) of h (R, D) over the cached keys k (R, H_kv, d, C; ``fused``: (R, H_kv, C, d))
+        and values v."""
         heads = layer.self_attn.in_proj(h).view(t.turned.shape)  # (R, H + 2 H_kv, d)
         if self.cos is not None:  # x cos + rotate_half(x) sin, the value heads turned by 0
             torch.mul(heads, t.cos, out=t.turned)
@@ -175,6 +179,9 @@ class LeanStep:
         else:
             t.turned.copy_(heads)
         target.index_put_(t.at, t.new_kv)  # (R, 2 H_kv, d) at each row's column
+        if self.fused:  # one call: q (R, H_kv, r, d) over K, V (R, H_kv, C, d), the bias as its mask
+            return F.scaled_dot_product_attention(t.queries, k, v, attn_mask=t.bias, scale=self.scale).view(
+                t.concat.shape)  # (R, H d)
         scores = torch.add(t.bias, torch.matmul(t.queries, k), alpha=self.scale)  # (R, H_kv, r, C)
         torch.matmul(scores.softmax(dim=-1), v, out=t.heads)  # (R, H_kv, r, d)
         return t.concat  # (R, H d)
