@@ -237,3 +237,9 @@ class SlotCaches:
     def reorder(self, index: torch.Tensor) -> None:
         for kv in self.all():
             kv.reorder(index)
+
+    def clear(self) -> None:
+        """Every key and value back to 0, as new (after a warm-up wrote padding: unwritten columns hold 0)."""
+        for kv in self.all():
+            kv.k.zero_()
+            kv.v.zero_()

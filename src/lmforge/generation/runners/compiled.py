@@ -60,9 +60,7 @@ class CompiledRunner(EagerRunner):
                     for source in sources:
                         self.step([self.pad_id] * rows, [columns - 1] * rows, [source] * rows)
                         calls += 1
-            for kv in self.caches.all():  # as new: unwritten columns hold 0
-                kv.k.zero_()
-                kv.v.zero_()
+            self.caches.clear()  # as new: unwritten columns hold 0
             self.src_mask.zero_()
         return calls
 
