@@ -150,14 +150,21 @@ class PackedProducts:
 
 # -- the thread policy --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """torch's CPU work on one thread inside the block, the thread count as it was after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def threads_at(threads: int) -> Iterator[None]:
+    """torch's CPU work on ``threads`` threads inside the block, the thread count as it was after."""
+    before = torch.get_num_threads()
+    if threads != before:
+        torch.set_num_threads(threads)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        if threads != before:
+            torch.set_num_threads(before)
+
+
+def one_thread() -> contextlib.AbstractContextManager:
+    """torch's CPU work on one thread inside the block, the thread count as it was after."""
+    return threads_at(1)
 
 
 class ThreadPolicy:
@@ -184,29 +191,16 @@ class ThreadPolicy:
     def step(self) -> Iterator[None]:
         """Run one step at the count the policy picks now (the global count restored after) and time it."""
         probing = self.steps >= self.every and len(self.recent) == self.probe
-        threads, before = (self.other() if probing else self.current), torch.get_num_threads()
-        if threads != before:
-            torch.set_num_threads(threads)
-        began = self.clock()
-        try:
-            yield
-        finally:
-            took = self.clock() - began
-            if threads != before:
-                torch.set_num_threads(before)
-            self.record(took, probing)
+        with threads_at(self.other() if probing else self.current):
+            began = self.clock()
+            try:
+                yield
+            finally:
+                self.record(self.clock() - began, probing)
 
-    @contextlib.contextmanager
-    def follow(self) -> Iterator[None]:
+    def follow(self) -> contextlib.AbstractContextManager:
         """Run a call at the count steps run at now, untimed (a prefill: its shapes vary too much to compare)."""
-        before = torch.get_num_threads()
-        if self.current != before:
-            torch.set_num_threads(self.current)
-        try:
-            yield
-        finally:
-            if self.current != before:
-                torch.set_num_threads(before)
+        return threads_at(self.current)
 
     def record(self, took: float, probing: bool) -> None:
         self.steps += 1
