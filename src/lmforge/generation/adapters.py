@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.lora import WrappedLinear
 
 
 @dataclass
@@ -78,7 +79,7 @@ def selector_of(model: nn.Module) -> AdapterSelector | None:
     return getattr(model, "adapter_selector", None)
 
 
-class PerRowLoRA(nn.Module):
+class PerRowLoRA(WrappedLinear):
     """``base`` plus each row's own adapter's LoRA update (module docstring). ``factors[k]``: adapter k + 1's
     (A, B) for this layer, or None where it does not target it; ``scales[k]``: its alpha / r."""
 
@@ -99,14 +100,6 @@ class PerRowLoRA(nn.Module):
         self.register_buffer("a", a, persistent=False)  # not the base's weights: never saved with it
         self.register_buffer("b", b, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (R, ..., in) -> (R, ..., out): the base product, plus row b's adapter's update."""

@@ -35,7 +35,22 @@ LORA_TARGETS = ("*.in_proj", "*.out_proj")  # every attention's fused q/k/v and 
 ADAPTER_TARGETS = ("*self_attn.out_proj", "*ffn.fc2")  # after attention and after the feed-forward
 
 
-class LoRALinear(nn.Module):
+class WrappedLinear(nn.Module):
+    """A module around an ``nn.Linear`` ``base`` that code reading a layer's ``weight`` / ``bias`` still finds
+    (the base's): LoRA, adapters, several adapters per row (generation/adapters.py)."""
+
+    base: nn.Linear
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+
+class LoRALinear(WrappedLinear):
     """``base`` (frozen) plus a trainable rank-r update (alpha / r) B A."""
 
     def __init__(self, base: nn.Linear, r: int = 8, alpha: float = 16.0, dropout: float = 0.0) -> None:
@@ -50,14 +65,6 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as nn.Linear (and PEFT) initialise weights
         self.dropout = nn.Dropout(dropout)
         self.merged = False
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.base.bias
 
     def delta_weight(self) -> torch.Tensor:
         """(alpha / r) B A: the (out, in) update LoRA adds to W."""
@@ -87,7 +94,7 @@ class LoRALinear(nn.Module):
         return f"r={self.r}, alpha={self.alpha}, merged={self.merged}"
 
 
-class AdapterLinear(nn.Module):
+class AdapterLinear(WrappedLinear):
     """``base`` (frozen) followed by a residual bottleneck: z + U act(D z), with U zero-initialised."""
 
     def __init__(self, base: nn.Linear, bottleneck: int = 64, activation: str = "gelu") -> None:
@@ -102,14 +109,6 @@ class AdapterLinear(nn.Module):
         nn.init.zeros_(self.up.weight)
         nn.init.zeros_(self.up.bias)
         self.act = activation_fn(activation)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.base(x)  # (..., d)
