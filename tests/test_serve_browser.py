@@ -59,30 +59,7 @@ def browser():
     yield from headless_chromium(CHROMIUM, CHROMEDRIVER)
 
 
-def test_a_question_typed_in_the_page_streams_the_apis_greedy_answer(server, browser):
-    question, tokens = "what is the capital of france?", 24
-    api = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=60)
-    expected = api.chat.completions.create(model="chat-model", messages=[{"role": "user", "content": question}],
-                                           temperature=0, max_tokens=tokens).choices[0].message.content
-    browser.get(server + "/")
-    assert "chat-model" in browser.find_element(By.ID, "model").text  # the model's name (and context) shown
-    browser.execute_script(WATCH)
-    limit = browser.find_element(By.ID, "max_tokens")
-    limit.clear()
-    limit.send_keys(str(tokens))
-    browser.find_element(By.ID, "prompt").send_keys(question, Keys.ENTER)
-    deadline = time.monotonic() + 60
-    while browser.find_element(By.ID, "status").text not in ("done", "error") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert browser.find_element(By.ID, "status").text == "done"
-    answer = browser.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")[-1].text
-    assert answer == expected.strip() and expected.strip()
-    partial = [t for t in dict.fromkeys(browser.execute_script("return window.seen")) if t]
-    assert len(partial) >= 3 and all(expected.startswith(t) for t in partial)  # it grew, token by token
-    assert browser.find_element(By.ID, "attention").is_enabled()  # the last answer can be inspected
-
-
-def ask(browser, server: str, question: str, tokens: int = 24) -> str:
+def ask(browser, question: str, tokens: int = 24) -> str:
     """Type a question into a fresh page (after the caller's settings) and wait for the answer's end; its status."""
     limit = browser.find_element(By.ID, "max_tokens")
     limit.clear()
@@ -94,6 +71,22 @@ def ask(browser, server: str, question: str, tokens: int = 24) -> str:
     return browser.find_element(By.ID, "status").text
 
 
+def test_a_question_typed_in_the_page_streams_the_apis_greedy_answer(server, browser):
+    question, tokens = "what is the capital of france?", 24
+    api = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=60)
+    expected = api.chat.completions.create(model="chat-model", messages=[{"role": "user", "content": question}],
+                                           temperature=0, max_tokens=tokens).choices[0].message.content
+    browser.get(server + "/")
+    assert "chat-model" in browser.find_element(By.ID, "model").text  # the model's name (and context) shown
+    browser.execute_script(WATCH)
+    assert ask(browser, question, tokens) == "done"
+    answer = browser.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")[-1].text
+    assert answer == expected.strip() and expected.strip()
+    partial = [t for t in dict.fromkeys(browser.execute_script("return window.seen")) if t]
+    assert len(partial) >= 3 and all(expected.startswith(t) for t in partial)  # it grew, token by token
+    assert browser.find_element(By.ID, "attention").is_enabled()  # the last answer can be inspected
+
+
 def test_top_log_probabilities_show_when_hovering_over_the_answer(server, browser):
     """With the box ticked the page asks for 5 top log-probabilities: each streamed piece of the answer is a span
     whose title (the hover) lists its token's probability and the alternatives; the text is the same answer."""
@@ -103,7 +96,7 @@ def test_top_log_probabilities_show_when_hovering_over_the_answer(server, browse
                                            temperature=0, max_tokens=24).choices[0].message.content
     browser.get(server + "/")
     browser.find_element(By.ID, "logprobs").click()
-    assert ask(browser, server, question) == "done"
+    assert ask(browser, question) == "done"
     answer = browser.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")[-1]
     pieces = answer.find_elements(By.CSS_SELECTOR, ".token")
     assert len(pieces) >= 3 and browser.execute_script("return arguments[0].textContent", answer) == expected
@@ -120,9 +113,9 @@ def test_the_schema_box_makes_the_answer_follow_it(server, browser):
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
               "additionalProperties": False}
     browser.find_element(By.ID, "schema").send_keys(json.dumps(schema))
-    assert ask(browser, server, "is the sea blue?", tokens=40) == "done"
+    assert ask(browser, "is the sea blue?", tokens=40) == "done"
     answer = browser.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")[-1].text
     assert json.loads(answer)["answer"] in ("yes", "no")
     browser.find_element(By.ID, "schema").send_keys("{oops")
-    assert ask(browser, server, "again?") == "error"
+    assert ask(browser, "again?") == "error"
     assert "JSON schema" in browser.find_elements(By.CSS_SELECTOR, "#messages .message.error")[-1].text
