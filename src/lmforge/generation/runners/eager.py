@@ -64,10 +64,10 @@ def seq2seq_step(model: nn.Module, caches: list, tokens: torch.Tensor, lengths: 
     return out.logits[:, -1]
 
 
-
 def shifts(r: Request) -> bool:
     """Whether a request moves its logits by OpenAI's bias or penalties."""
     return bool(r.logit_bias or r.presence_penalty or r.frequency_penalty)
+
 
 class EagerRunner:
     """The model's side of an engine of ``slots`` slots holding ``capacity`` tokens each (an encoder-decoder's
