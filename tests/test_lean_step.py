@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lmforge.generation.engine import Engine, Request
 from lmforge.models import Decoder, get_preset
+from lmforge.nn import kernels
 
 LIMIT = 600  # dispatches a decoded token may cost at 30 layers (issue 40 item 3: from ~1,870)
 
@@ -166,7 +167,26 @@ def test_the_fused_attention_gives_the_four_calls_logits():
 
     def logits(fused: bool) -> list[torch.Tensor]:
         engine = Engine(model, slots=8)
-        engine.runner.lean.fused = fused
+        engine.runner.lean.fused, engine.runner.lean.native = fused, False
+        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
+        engine.run()
+        return [torch.stack(h.logits) for h in handles]
+
+    for a, b in zip(logits(True), logits(False), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(kernels.library() is None, reason="kernels.c could not be built here (no C compiler)")
+def test_the_native_norm_and_attention_give_the_torch_calls_logits():
+    """The CPU runner's lean step with kernels.c's RMSNorm and step attention (``native``, its default) against the
+    same step in torch's calls: every logit of mixed-length requests, to float rounding."""
+    model = smollm2_shaped(n_layers=4)
+    work = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]
+
+    def logits(native: bool) -> list[torch.Tensor]:
+        engine = Engine(model, slots=8)
+        assert engine.runner.lean.native
+        engine.runner.lean.native = native
         handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
         engine.run()
         return [torch.stack(h.logits) for h in handles]

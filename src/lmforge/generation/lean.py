@@ -34,6 +34,7 @@ QK-norm, the keys and values of every layer of one shape. Others step through th
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import NamedTuple
@@ -44,7 +45,10 @@ from torch import nn
 
 from lmforge.generation.slots import SlotCaches, arange
 from lmforge.models.decoder import Decoder
+from lmforge.nn import kernels
 from lmforge.nn.layers import TransformerLayer
+from lmforge.nn.norms import RMSNorm
+from lmforge.nn.quant import QuantizedLinear
 
 
 def fits(model: nn.Module, caches: SlotCaches | None = None) -> bool:
@@ -70,10 +74,12 @@ def transposed(linear: nn.Linear) -> torch.Tensor:
 
 
 def add_product(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + linear(x) (R, out): one ``addmm`` for an ``nn.Linear`` without bias (its Wᵀ viewed once), else
-    the two calls."""
+    """residual + linear(x) (R, out) in one call: ``addmm`` for an ``nn.Linear`` without bias (its Wᵀ viewed
+    once), the quantized layer's own (it adds a residual in its product); else the two calls."""
     if type(linear) is nn.Linear and linear.bias is None and x.dim() == 2 and not torch.is_grad_enabled():
         return torch.addmm(residual, x, transposed(linear))
+    if type(linear) is QuantizedLinear:
+        return linear(x, residual)
     return residual + linear(x)
 
 
@@ -104,8 +110,12 @@ class LeanStep:
     (see the module docstring). ``add_product``: the residual sum of a product in one call (``addmm`` by default)."""
 
     def __init__(self, model: Decoder, caches: SlotCaches,
-                 add_product: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = add_product) -> None:
+                 add_product: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = add_product,
+                 native: bool = False) -> None:
         self.model, self.buffer, self.add_product = model, caches.buffer, add_product
+        # kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several
+        self.native = native and kernels.library() is not None and self.buffer.device.type == "cpu" \
+            and self.buffer.dtype == torch.float32
         # the attention as one fused call (F.scaled_dot_product_attention with the bias as its mask) instead of the
         # four above: fewer kernels on a GPU, to be chosen by measurement there (bench/gpu_step.py --attention)
         self.fused = False
@@ -135,14 +145,27 @@ class LeanStep:
         x = F.embedding(tokens, model.tok_emb.weight)  # (R, D)
         if model.pos_emb is not None:
             x = x + F.embedding(lengths, model.pos_emb.embedding.weight)
-        cache = self.buffer[:, :, first:first + rows, :, :columns]  # (L, 2, R, H_kv, C, d)
-        keys = cache[:, 0].unbind(0) if self.fused else cache[:, 0].transpose(-1, -2).unbind(0)  # L x Kᵀ, or K
-        values = cache[:, 1].unbind(0)  # L x (R, H_kv, C, d)
         targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
-        t = self.step_tensors(lengths, columns, first)
-        for layer, k, v, target in zip(model.layers, keys, values, targets, strict=True):
-            x = self.layer(layer, x, k, v, target, t)
-        return model.head(normalize(model.norm_f, x))  # (R, V)
+        if self.native:  # rotation, cache write and attention in one kernels.c call a layer
+            out = x.new_empty(rows, self.h * self.d)  # (R, H d)
+            attends = [functools.partial(self.attend_native, target=target, lengths=lengths, first=first, out=out)
+                       for target in targets]
+        else:
+            cache = self.buffer[:, :, first:first + rows, :, :columns]  # (L, 2, R, H_kv, C, d)
+            keys = cache[:, 0].unbind(0) if self.fused else cache[:, 0].transpose(-1, -2).unbind(0)  # L x Kᵀ, or K
+            values = cache[:, 1].unbind(0)  # L x (R, H_kv, C, d)
+            t = self.step_tensors(lengths, columns, first)
+            attends = [functools.partial(self.attend, k=k, v=v, target=target, t=t)
+                       for k, v, target in zip(keys, values, targets, strict=True)]
+        for layer, attend in zip(model.layers, attends, strict=True):
+            x = self.layer(layer, x, attend)
+        return model.head(self.normalize(model.norm_f, x))  # (R, V)
+
+    def normalize(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm or LayerNorm of x (R, D) in one call (``native``: kernels.c's RMSNorm)."""
+        if self.native and type(norm) is RMSNorm and norm.weight is not None:
+            return kernels.rms_norm(x, norm.weight, norm.eps)
+        return normalize(norm, x)
 
     def step_tensors(self, lengths: torch.Tensor, columns: int, first: int) -> StepTensors:
         """The rotation, the bias, the cache index and the buffers of one step (shapes in ``StepTensors``)."""
@@ -161,12 +184,18 @@ class LeanStep:
                            turned[:, : self.h].view(rows, self.h_kv, -1, self.d), turned[:, self.h:],
                            heads.view(rows, self.h_kv, -1, self.d), heads)
 
-    def layer(self, layer: TransformerLayer, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              target: torch.Tensor, t: StepTensors) -> torch.Tensor:
+    def layer(self, layer: TransformerLayer, x: torch.Tensor, attend: Callable) -> torch.Tensor:
         """One pre-LN layer for x (R, D): nanoGPT's Block, each residual sum in the call of its product."""
-        heads = self.attend(layer, normalize(layer.norm1, x), k, v, target, t)  # (R, H d)
+        heads = attend(layer, self.normalize(layer.norm1, x))  # (R, H d)
         x = self.add_product(layer.self_attn.out_proj, heads, x)  # x + W_o attend(norm1(x))
-        return self.add_product(layer.ffn.fc2, self.feed_forward(layer, normalize(layer.norm2, x)), x)
+        return self.add_product(layer.ffn.fc2, self.feed_forward(layer, self.normalize(layer.norm2, x)), x)
+
+    def attend_native(self, layer: TransformerLayer, h: torch.Tensor, target: torch.Tensor, lengths: torch.Tensor,
+                      first: int, out: torch.Tensor) -> torch.Tensor:
+        """``attend`` by kernels.c: the heads (R, H d) of h (R, D), the new keys and values written into target."""
+        heads = layer.self_attn.in_proj(h).view(h.shape[0], -1, self.d)  # (R, H + 2 H_kv, d)
+        kernels.decode_attention(heads, self.h, self.cos, self.sin, lengths, target, first, self.scale, out)
+        return out
 
     def attend(self, layer: TransformerLayer, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                target: torch.Tensor, t: StepTensors) -> torch.Tensor:

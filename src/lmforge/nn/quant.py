@@ -5,19 +5,20 @@
                                                       (+ 4 bytes a group: 1/8 of a byte a weight at group 32)
 
 ``QuantizedLinear`` computes y = x Ŵᵀ + b (Ŵ the dequantized weight, ``reference/quant.py``'s equations) with
-torch's own CPU kernels, ``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu`` (torchao's CPU
-layouts use the same two). Those kernels are vectorised for bfloat16 activations only (float32 activations take
-a scalar loop, 10-25x slower than a float32 product): so x is rounded to bfloat16 on the way in, the kernel
-dequantizes each weight in float32 (exact: a small integer times a bfloat16 scale, plus a zero) and accumulates
-in float32 in a fixed order along k, and rounds each output to bfloat16 on the way out. Scales and zeros are
-bfloat16 too (the kernels read them so): ``quantize_int8`` / ``quantize_int4`` choose them so that every weight
-still lies within half a step of its dequantized value. A row's output depends only on that row (the kernels
-split the work by blocks of rows and columns, never along k): the same bits alone or in a batch, on 1 or 2
-threads.
+lmforge's own kernels (nn/kernels.c, built on this machine at first use: float32 activations, 16 output rows a
+vector, each weight dequantized once for four rows of x) where they build, else with torch's own CPU kernels,
+``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu`` (torchao's CPU layouts use the same two).
+Those are vectorised for bfloat16 activations only (float32 ones take a scalar loop, 10-25x slower than a
+float32 product): so with them x is rounded to bfloat16 on the way in and each output on the way out. Both
+dequantize each weight in float32 (exact: a small integer times a bfloat16 scale, plus a zero) and accumulate
+in float32 in a fixed order along k. Scales and zeros are bfloat16 (both read them so): ``quantize_int8`` /
+``quantize_int4`` choose them so that every weight still lies within half a step of its dequantized value. A
+row's output depends only on that row (the work is split by rows of Ŵ, never along k): the same bits alone or
+in a batch, on 1 or 2 threads.
 
 Against the float64 product of the same dequantized weight (tests/test_quant.py, ``product_bound``), an output
-differs by at most 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (the inputs' rounding) +
-(K + 2) 2^-24 sum_k |x_k Ŵ_nk| (float32 accumulation and dequantization).
+differs by at most (K + 2) 2^-24 sum_k |x_k Ŵ_nk| (float32 accumulation and dequantization), plus with torch's
+kernels 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (the inputs' rounding).
 
 ``quantize(model, "int4")`` replaces a model's ``nn.Linear`` layers in place, the tied LM head included (its own
 int8 copy; the embedding stays float for lookups): at batch 1 the 49152 x 576 head of SmolLM2 takes 7.2 ms in
@@ -38,6 +39,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from lmforge.nn import kernels
 
 KINDS = ("int8", "int4")
 GROUP = 32  # int4's default group: GGUF's block of 32 weights
@@ -119,25 +122,43 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
 
 # -- the layer ------------------------------------------------------------------------------------------------
 class QuantizedLinear(nn.Module):
-    """y = x Ŵᵀ + b with Ŵ held as integers (int8: ``weight`` (N, K) and ``scales`` (N,); int4: ``weight`` in
-    the kernel's packed layout (N, K / 2) uint8 and ``scales_and_zeros`` (K / group, N, 2)), b float32.
+    """y = x Ŵᵀ + b with Ŵ held as integers, b float32, in one of two layouts (``layout``):
+
+        "lmforge"  kernels.c's (nn/kernels.py, built on this machine): outputs in tiles of 16 rows, float32
+                   activations. int8: ``weight`` (N/16, K, 16) int8, ``scales`` (N,); int4: ``weight``
+                   (N/16, K/2, 16) uint8, ``scales`` (N/16, K/32, 16, 2) scale-zero pairs a block of 32
+        "torch"    torch's kernels' (no C compiler, ``LMFORGE_KERNELS=torch``, or N not a multiple of 16):
+                   int8: ``weight`` (N, K) and ``scales`` (N,); int4: ``weight`` in the packed layout
+                   (N, K / 2) uint8 and ``scales`` (K / group, N, 2)
+
     Not an ``nn.Linear``: code that packs or casts every ``nn.Linear`` (the CPU runner's packed products,
-    ``model.to(dtype)`` of its parameters) leaves it alone."""
+    ``model.to(dtype)`` of its parameters) leaves it alone. ``forward(x, residual)`` adds a residual in the
+    same call (the lean step's residual sums)."""
 
     def __init__(self, in_features: int, out_features: int, kind: str, weight: torch.Tensor,
-                 scales: torch.Tensor, bias: torch.Tensor | None = None, group: int = GROUP) -> None:
+                 scales: torch.Tensor, bias: torch.Tensor | None = None, group: int = GROUP,
+                 layout: str = "torch") -> None:
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r} is not one of {KINDS}")
         self.in_features, self.out_features, self.kind, self.group = in_features, out_features, kind, group
+        self.layout = layout
         self.register_buffer("weight", aligned(weight))
         self.register_buffer("scales", scales.to(torch.bfloat16).contiguous())
         self.bias = nn.Parameter(bias.detach().float().clone(), requires_grad=False) if bias is not None else None
 
+    @staticmethod
+    def own_kernels(out_features: int) -> bool:
+        """Whether this layer takes kernels.c's layout: the library is built and the rows make whole tiles."""
+        return out_features % 16 == 0 and kernels.library() is not None
+
     @classmethod
     def int8(cls, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> QuantizedLinear:
         """From q (N, K) int8 and scales (N,)."""
-        return cls(q.shape[1], q.shape[0], "int8", q.to(torch.int8), scales, bias)
+        n, k = q.shape
+        if cls.own_kernels(n):
+            return cls(k, n, "int8", kernels.pack_int8(q.to(torch.int8)), scales, bias, layout="lmforge")
+        return cls(k, n, "int8", q.to(torch.int8), scales, bias)
 
     @classmethod
     def int4(cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int = GROUP,
@@ -146,6 +167,11 @@ class QuantizedLinear(nn.Module):
         n, k = q.shape
         if group not in GROUPS:
             raise ValueError(f"group {group} is not one of {GROUPS} (the int4 kernel's)")
+        if cls.own_kernels(n):  # a scale and a zero each block of 32
+            per_block = group // kernels.BLOCK
+            w, pairs = kernels.pack_int4(q, scales.repeat_interleave(per_block, dim=1),
+                                         zeros.repeat_interleave(per_block, dim=1))
+            return cls(k, n, "int4", w, pairs, bias, group, layout="lmforge")
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
         pairs = torch.stack([scales.to(torch.bfloat16), zeros.to(torch.bfloat16)], dim=-1)  # (N, K/g, 2)
         return cls(k, n, "int4", packed, pairs.transpose(0, 1), bias, group)  # scales: (K/g, N, 2)
@@ -158,22 +184,43 @@ class QuantizedLinear(nn.Module):
             return cls.int8(*quantize_int8(w), bias=linear.bias)
         return cls.int4(*quantize_int4(w, group), group=group, bias=linear.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _apply(self, fn: Callable, recurse: bool = True) -> QuantizedLinear:
+        """Scales stay bfloat16 (the kernels read them so) whatever a ``model.float()`` or ``.double()`` casts."""
+        super()._apply(fn, recurse)
+        self.scales = self.scales.to(torch.bfloat16)
+        return self
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x Ŵᵀ + b, or residual + (x Ŵᵀ + b) in the same call: x (..., K) -> (..., N)."""
+        if self.layout == "lmforge":
+            product = kernels.int8_mm if self.kind == "int8" else kernels.int4_mm
+            if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and (residual is None or (
+                    residual.dtype == torch.float32 and residual.is_contiguous())):  # a decoding step's case
+                return product(x, self.weight, self.scales, self.bias, residual)
+            rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+            if residual is not None:
+                residual = residual.reshape(-1, self.out_features).to(torch.float32).contiguous()
+            y = product(rows, self.weight, self.scales, self.bias, residual)
+            return y.to(x.dtype if x.is_floating_point() else torch.float32).reshape(*x.shape[:-1], -1)
         rows = x.reshape(-1, self.in_features)
         xb = rows.new_empty(rows.shape, dtype=torch.bfloat16).copy_(rows)  # (M, K): a fresh, aligned copy
-        scales = self.scales.to(torch.bfloat16)  # no copy; bfloat16 again after a model.float()
         if self.kind == "int8":
-            y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, scales)
+            y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, self.scales)
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, self.group, scales)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, self.group, self.scales)
         y = y.to(x.dtype if x.is_floating_point() else torch.float32)  # (M, N)
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if residual is None else residual + y
 
     def integers(self) -> torch.Tensor:
-        """q (N, K) as stored: int8 values, or int4 values in [0, 15] read back through the kernel itself
-        (x = the identity, scale 1, zero 8: each output is one q exactly), so no private layout is assumed."""
+        """q (N, K) as stored: int8 values, or int4 values in [0, 15]; torch's int4 layout is read back through
+        its kernel itself (x = the identity, scale 1, zero 8: each output is one q exactly), so no private layout
+        is assumed."""
+        if self.layout == "lmforge":
+            return kernels.unpack_int8(self.weight) if self.kind == "int8" else \
+                kernels.unpack_int4(self.weight, self.scales)[0]
         if self.kind == "int8":
             return self.weight
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
@@ -181,24 +228,33 @@ class QuantizedLinear(nn.Module):
                                                                      self.out_features, 2).contiguous()
         return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, self.group, ones).T.to(torch.int32)
 
+    def scales_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """int4: scales and zeros (N, K / group) bfloat16."""
+        if self.layout == "lmforge":
+            _, s, z = kernels.unpack_int4(self.weight, self.scales.to(torch.bfloat16))  # (N, K/32) each
+            step = self.group // kernels.BLOCK
+            return s[:, ::step].contiguous(), z[:, ::step].contiguous()
+        s, z = self.scales.to(torch.bfloat16).unbind(-1)  # (K/g, N) each
+        return s.T.contiguous(), z.T.contiguous()
+
     def dequantized(self) -> torch.Tensor:
         """Ŵ (N, K) in float32 (exact: a small integer times a bfloat16 scale, plus a bfloat16 zero)."""
         q = self.integers().double()
         if self.kind == "int8":
             return (q * self.scales.double()[:, None]).float()
-        s, z = self.scales.double().unbind(-1)  # (K/g, N) each
+        s, z = (t.double() for t in self.scales_and_zeros())  # (N, K/g) each
         n, k = q.shape
-        w = (q.reshape(n, k // self.group, self.group) - 8) * s.T[..., None] + z.T[..., None]
+        w = (q.reshape(n, k // self.group, self.group) - 8) * s[..., None] + z[..., None]
         return w.reshape(n, k).float()
 
     def portable(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight, scales) in the form a file keeps, whatever this CPU's packed layout: int8 q (N, K) and
+        """(weight, scales) in the form a file keeps, whatever this machine's layout: int8 q (N, K) and
         scales (N,); int4 q two a byte (N, K / 2) uint8, column 2i in the low nibble and 2i + 1 in the high,
         and (N, K / group, 2) scale-zero pairs. ``from_portable`` is the inverse."""
         if self.kind == "int8":
-            return self.weight, self.scales.to(torch.bfloat16)
+            return self.integers(), self.scales.to(torch.bfloat16)
         q = self.integers().to(torch.uint8)  # (N, K)
-        return q[:, 0::2] | (q[:, 1::2] << 4), self.scales.to(torch.bfloat16).transpose(0, 1).contiguous()
+        return q[:, 0::2] | (q[:, 1::2] << 4), torch.stack(self.scales_and_zeros(), dim=-1)
 
     @classmethod
     def from_portable(cls, kind: str, weight: torch.Tensor, scales: torch.Tensor,
@@ -218,7 +274,7 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         group = f", group={self.group}" if self.kind == "int4" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}{group}, " \
-               f"bias={self.bias is not None}"
+               f"bias={self.bias is not None}, layout={self.layout}"
 
 
 def layout(model: nn.Module) -> dict[str, str]:

@@ -103,7 +103,7 @@ def packed_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tor
     """residual + layer(x) in one oneDNN call while ``PackedProducts`` are attached (the lean step's residual
     sums, generation/lean.py); the plain two calls otherwise."""
     if torch.is_grad_enabled() or not hasattr(layer, "packed"):
-        return residual + layer(x)
+        return add_product(layer, x, residual)
     return packed_product(x, layer.packed, layer.bias, residual)
 
 
@@ -241,13 +241,16 @@ class CpuRunner(EagerRunner):
     def __init__(self, model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
                  prefix_blocks: int = 0, pad_id: int = 0, compile: bool = False) -> None:
         self.packed, self.dynamic = packable(model), compile
+        # a spare row beside a lone one where oneDNN computes a product (not in a model whose products are all
+        # quantized: kernels.c's bits never depend on the row count)
+        self.spare_row = self.packed and any(type(m) is nn.Linear for m in model.modules())
         if compile and not fits_one_graph(model):
             raise LmforgeError("compile: the CPU's one step graph is for float32 decoders (packed products); this "
                                "model is not one (use compile=False, or the compiled runner: runner='compiled')")
         self.spare_columns = 32 if compile else 0  # keys read whole would be another (contiguous) view: a 2nd graph
         super().__init__(model, slots, capacity, memory, start_id, prefix_blocks if not compile else 0, pad_id)
         self.products = PackedProducts(model, compiled=compile) if self.packed else None
-        self.lean = LeanStep(model, self.caches, packed_add if self.packed else add_product) \
+        self.lean = LeanStep(model, self.caches, packed_add if self.packed else add_product, native=True) \
             if not compile and fits(model, self.caches) else None
         self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
         # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
@@ -257,11 +260,13 @@ class CpuRunner(EagerRunner):
             self.step_fn = self.one_graph()
 
     def rows_for(self, slots: int) -> list[int]:
-        """Packed: the rows in use, at least 2 (a lone request's row and a spare one: oneDNN's products take
-        another kernel for one row on some machines, and a size of 1 is always specialised by a compiler);
+        """Packed: the rows in use, at least 2 where oneDNN computes a product (a lone request's row and a spare
+        one: oneDNN's products take another kernel for one row on some machines, and a size of 1 is always
+        specialised by a compiler);
         otherwise multiples of MIN_ROWS, the slots rounded up (other counts change a row's bits on BLAS)."""
         if self.packed:
-            return list(range(2, max(slots, 2) + 1))
+            least = 2 if self.spare_row else 1
+            return list(range(least, max(slots, least) + 1))
         return multiples(MIN_ROWS, -(-max(slots, MIN_ROWS) // MIN_ROWS) * MIN_ROWS) if slots > 1 else [1]
 
     def slots_for(self, slots: int) -> int:

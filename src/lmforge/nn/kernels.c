@@ -1,0 +1,282 @@
+/* lmforge's weight-only quantized products on a CPU: y = residual + x Ŵᵀ + b, x and y float32, Ŵ (N, K).
+ *
+ * Compiled on the machine that runs it (nn/kernels.py: cc -O3 -march=native -fopenmp), loaded with ctypes.
+ *
+ *   int8   Ŵ[n][i] = s[n] q[n][i]                        q int8, s bfloat16
+ *   int4   Ŵ[n][i] = s[n][b] (q[n][i] - 8) + z[n][b]     q in [0, 15], b = i / 32, s and z bfloat16
+ *
+ * The outputs go in tiles of 16 rows of Ŵ, the 16 lanes of one vector, so no lanes are ever summed together: the
+ * weights of a tile are stored input by input (each section below gives its layout), and each input multiplies
+ * the 16 rows' weights by one broadcast value of x. The order of an output's sums is fixed by the layout alone: an
+ * output depends only on its row of x and its row of Ŵ, never on how many rows of x are computed together nor
+ * on how the threads split the tiles (the engine's rule: a request alone has the bits it has in a batch). A
+ * tile's weights are unpacked once for four rows of x. x and the products stay float32: no activation is rounded.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define LANES 16
+
+static inline float bf16_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ---- int4 ------------------------------------------------------------------------------------------------ */
+/* Layout: for tile t, pair c (inputs 2c and 2c + 1) and row r, byte w[t][c][r] = q[16t + r][2c] |
+ * q[16t + r][2c + 1] << 4; sz[t][b][r] the (s, z) bfloat16 pair of row 16t + r, block b. Each weight is
+ * dequantized, s (q - 8) + z by one fused multiply-add in float32 (exact: an 8-bit scale times a 4-bit integer plus
+ * an 8-bit zero), once for all the rows of x in hand. Output o of row x: partial p (p = 0..3) sums the pairs
+ * c = p, p + 4, ..., each as x_2c Ŵ_2c then x_2c+1 Ŵ_2c+1, by fused multiply-adds; y = (p0 + p1) + (p2 + p3) +
+ * bias, then residual + y. */
+#define PARTS 4
+#define XROWS 4   /* rows of x a tile's weights are dequantized for at once */
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void int4_tile(const float *x, const int t, int64_t k,
+                                                            const uint8_t *w, const uint32_t *sz, __m512 *out) {
+    const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 part[XROWS][PARTS];
+    for (int r = 0; r < t; r++)
+        for (int p = 0; p < PARTS; p++) part[r][p] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < k / 32; b++) {
+        __m512i pairs = _mm512_loadu_si512(sz + 16 * b);
+        __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+        __m512 z = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+        for (int c = 0; c < 16; c += PARTS)
+            for (int p = 0; p < PARTS; p++) {
+                __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 256 * b + 16 * (c + p))));
+                __m512 lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(bytes, table), s, z);  /* low 4 bits */
+                __m512 hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table), s, z);
+                for (int r = 0; r < t; r++) {
+                    const float *xc = x + r * k + 32 * b + 2 * (c + p);
+                    part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(xc[0]), lo, part[r][p]);
+                    part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(xc[1]), hi, part[r][p]);
+                }
+            }
+    }
+    for (int r = 0; r < t; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
+}
+
+static void int4_tile_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz,
+                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+    for (int64_t r = 0; r < m; r += XROWS) {
+        const int64_t t = m - r < XROWS ? m - r : XROWS;
+        __m512 out[XROWS];
+        switch (t) {
+        case 4: int4_tile(x + r * k, 4, k, w, sz, out); break;
+        case 3: int4_tile(x + r * k, 3, k, w, sz, out); break;
+        case 2: int4_tile(x + r * k, 2, k, w, sz, out); break;
+        default: int4_tile(x + r * k, 1, k, w, sz, out);
+        }
+        for (int i = 0; i < t; i++) {
+            __m512 v = out[i];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * tile));
+            if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + (r + i) * n + 16 * tile), v);
+            _mm512_storeu_ps(y + (r + i) * n + 16 * tile, v);
+        }
+    }
+}
+#else
+static void int4_tile_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz,
+                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+    for (int64_t r = 0; r < m; r++) {
+        float part[PARTS][LANES] = {{0}};
+        for (int64_t c = 0; c < k / 2; c++)
+            for (int l = 0; l < LANES; l++) {
+                uint32_t pair = sz[16 * (c / 16) + l];
+                float s = bf16_float((uint16_t)pair), z = bf16_float((uint16_t)(pair >> 16));
+                uint8_t byte = w[16 * c + l];
+                float *acc = &part[c % PARTS][l];
+                *acc = __builtin_fmaf(x[r * k + 2 * c], __builtin_fmaf((float)(byte & 15) - 8, s, z), *acc);
+                *acc = __builtin_fmaf(x[r * k + 2 * c + 1], __builtin_fmaf((float)(byte >> 4) - 8, s, z), *acc);
+            }
+        for (int l = 0; l < LANES; l++) {
+            float v = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
+            if (bias) v = v + bias[16 * tile + l];
+            if (residual) v = residual[r * n + 16 * tile + l] + v;
+            y[r * n + 16 * tile + l] = v;
+        }
+    }
+}
+#endif
+
+/* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 32); bias, residual may be NULL */
+void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
+                     const float *bias, const float *residual, float *y, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t tile = 0; tile < n / 16; tile++)
+        int4_tile_rows(x, m, k, w + tile * 8 * k, sz + tile * 16 * (k / 32), n, tile, bias, residual, y);
+}
+
+/* ---- int8 ------------------------------------------------------------------------------------------------ */
+/* Layout: tiles of 16 output rows, input by input: w[t][i][r] = q[16t + r][i]; scales s[n] bfloat16. Output o of
+ * row x: partial p sums the inputs i = p, p + 4, ... in order by fused multiply-adds, y = s ((p0 + p1) + (p2 + p3))
+ * + bias, then residual + y. */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void int8_tile(const float *x, const int t, int64_t k,
+                                                            const int8_t *w, __m512 *out) {
+    __m512 part[XROWS][PARTS];
+    for (int r = 0; r < t; r++)
+        for (int p = 0; p < PARTS; p++) part[r][p] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += PARTS)
+        for (int p = 0; p < PARTS; p++) {
+            __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * (i + p)))));
+            for (int r = 0; r < t; r++)
+                part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + i + p]), q, part[r][p]);
+        }
+    for (int r = 0; r < t; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
+}
+
+static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales,
+                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+    __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * tile))), 16));
+    for (int64_t r = 0; r < m; r += XROWS) {
+        const int64_t t = m - r < XROWS ? m - r : XROWS;
+        __m512 out[XROWS];
+        switch (t) {
+        case 4: int8_tile(x + r * k, 4, k, w, out); break;
+        case 3: int8_tile(x + r * k, 3, k, w, out); break;
+        case 2: int8_tile(x + r * k, 2, k, w, out); break;
+        default: int8_tile(x + r * k, 1, k, w, out);
+        }
+        for (int i = 0; i < t; i++) {
+            __m512 v = _mm512_mul_ps(out[i], s);
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * tile));
+            if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + (r + i) * n + 16 * tile), v);
+            _mm512_storeu_ps(y + (r + i) * n + 16 * tile, v);
+        }
+    }
+}
+#else
+static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales,
+                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+    for (int64_t r = 0; r < m; r++) {
+        float part[PARTS][LANES] = {{0}};
+        for (int64_t i = 0; i < k; i++)
+            for (int l = 0; l < LANES; l++)
+                part[i % PARTS][l] = __builtin_fmaf(x[r * k + i], (float)w[16 * i + l], part[i % PARTS][l]);
+        for (int l = 0; l < LANES; l++) {
+            float v = ((part[0][l] + part[1][l]) + (part[2][l] + part[3][l])) * bf16_float(scales[16 * tile + l]);
+            if (bias) v = v + bias[16 * tile + l];
+            if (residual) v = residual[r * n + 16 * tile + l] + v;
+            y[r * n + 16 * tile + l] = v;
+        }
+    }
+}
+#endif
+
+/* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 4); bias, residual may be NULL */
+void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
+                     const float *bias, const float *residual, float *y, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t tile = 0; tile < n / 16; tile++)
+        int8_tile_rows(x, m, k, w + tile * 16 * k, scales, n, tile, bias, residual, y);
+}
+
+/* ---- a decoding step's other work (float32) -------------------------------------------------------------- */
+/* sum_i a_i b_i over n values: 16 lanes, each in order, then the lanes halved three times and the last four
+ * summed as (l0 + l2) + (l1 + l3) */
+#if defined(__AVX512F__)
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m512 lane = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) lane = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), lane);
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        lane = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), lane, m);
+    }
+    __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lane), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lane), 1)));
+    __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+    __m128 pairs = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));  /* (l0 + l2, l1 + l3, ..) */
+    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+#else
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float lane[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) lane[l] = __builtin_fmaf(a[i + l], b[i + l], lane[l]);
+    for (int l = 0; i + l < n; l++) lane[l] = __builtin_fmaf(a[i + l], b[i + l], lane[l]);
+    float half[LANES / 2];
+    for (int l = 0; l < LANES / 2; l++) half[l] = lane[l] + lane[l + LANES / 2];
+    float quarter[LANES / 4];
+    for (int l = 0; l < LANES / 4; l++) quarter[l] = half[l] + half[l + LANES / 4];
+    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+#endif
+
+/* y (m, d) = x / sqrt(mean(x^2) + eps) * w, row by row */
+void lmforge_rms_norm(const float *x, int64_t m, int64_t d, const float *w, float eps, float *y) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * d;
+        const float inv = 1.0f / __builtin_sqrtf(dot(xr, xr, d) / (float)d + eps);
+        for (int64_t i = 0; i < d; i++) y[r * d + i] = xr[i] * inv * w[i];
+    }
+}
+
+/* One decoding step's attention for rows b < rows, each one new token at column lengths[b] of slot first + b:
+ *   qkv (rows, h + 2 hkv, dh)      the token's query, key and value heads (its in-projection)
+ *   cos, sin (positions, dh)       rotary tables (sin with rotate_half's sign: its first half negated), or NULL
+ *   kv (2, slots, hkv, capacity, dh)  the layer's cache: the rotated keys and the values are written at the column
+ *   out (rows, h dh)               softmax(scale q K^T) V over columns 0..lengths[b], query head j reading key/value
+ *                                  head j / (h / hkv)
+ * The query heads are rotated in place in qkv. Scores, their maximum, the exponentials' sum and the weighted values
+ * are each summed in column order: a row's bits depend on nothing but its own token and cache. */
+void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, int64_t dh, const float *cos,
+                              const float *sin, const int64_t *lengths, float *kv, int64_t slots, int64_t capacity,
+                              int64_t first, float scale, float *out, int threads) {
+    const int64_t heads = h + 2 * hkv, half = dh / 2, plane = slots * hkv * capacity * dh;
+    for (int64_t b = 0; b < rows; b++) {
+        const int64_t at = lengths[b], slot = first + b;
+        float turned[dh];
+        for (int64_t j = 0; j < heads; j++) {
+            float *x = qkv + (b * heads + j) * dh;
+            if (j < h + hkv && cos) {  /* x cos + rotate_half(x) sin */
+                for (int64_t i = 0; i < dh; i++)
+                    turned[i] = x[i] * cos[at * dh + i] + x[(i + half) % dh] * sin[at * dh + i];
+                memcpy(x, turned, sizeof turned);
+            }
+            if (j >= h) {  /* a key (j < h + hkv) or a value head: into the cache at column `at` */
+                const int64_t g = j < h + hkv ? j - h : j - h - hkv;
+                float *to = kv + (j < h + hkv ? 0 : plane) + ((slot * hkv + g) * capacity + at) * dh;
+                memcpy(to, x, dh * sizeof(float));
+            }
+        }
+    }
+    const int64_t group = h / hkv;  /* query heads a key/value head serves */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t task = 0; task < rows * hkv; task++) {
+        const int64_t b = task / hkv, g = task % hkv, columns = lengths[b] + 1;
+        const float *restrict keys = kv + ((first + b) * hkv + g) * capacity * dh, *restrict values = keys + plane;
+        float *restrict scores = __builtin_malloc(group * columns * sizeof(float));
+        for (int64_t j = 0; j < group; j++) {  /* query head g * group + j */
+            const float *restrict q = qkv + (b * heads + g * group + j) * dh;
+            float *restrict row = scores + j * columns, top = -__builtin_inff(), total = 0;
+            for (int64_t c = 0; c < columns; c++) {
+                row[c] = scale * dot(q, keys + c * dh, dh);
+                top = row[c] > top ? row[c] : top;
+            }
+            for (int64_t c = 0; c < columns; c++) {
+                row[c] = __builtin_expf(row[c] - top);
+                total += row[c];
+            }
+            float *restrict o = out + (b * h + g * group + j) * dh, acc[dh];
+            for (int64_t i = 0; i < dh; i++) acc[i] = 0;
+            for (int64_t c = 0; c < columns; c++)
+                for (int64_t i = 0; i < dh; i++) acc[i] = __builtin_fmaf(row[c], values[c * dh + i], acc[i]);
+            for (int64_t i = 0; i < dh; i++) o[i] = acc[i] / total;
+        }
+        __builtin_free(scores);
+    }
+}

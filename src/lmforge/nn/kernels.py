@@ -1,0 +1,190 @@
+"""lmforge's own int8 / int4 products on a CPU (kernels.c): compiled on this machine at first use, loaded with ctypes.
+
+Why: at batch 1 torch's weight-only kernels (``_weight_int4pack_mm_for_cpu``, ``_weight_int8pack_mm``) take
+bfloat16 activations and run at about half of llama.cpp's pace on the same bytes (docs/benchmarks.md, issue 40).
+kernels.c reads float32 activations as they are (no rounding of x or y), unpacks each block of 32 four-bit
+weights once for four rows of x, and adds the residual in the same pass: on the 2-core AVX-512 machine of
+docs/benchmarks.md its int4 decode product is ~2x torch's.
+
+How: ``cc -O3 -march=native -fopenmp -shared`` of kernels.c into ``$LMFORGE_CACHE/kernels/<key>.so``, the key a
+hash of the source, the compiler's version and this CPU's flags (a home folder shared by two machines never runs
+the other's build), written atomically. ``-march=native`` picks the AVX-512 path where the CPU has it, plain C
+loops (the same arithmetic, other bits) elsewhere. Its OpenMP threads are torch's own: torch's wheel loads its
+libgomp.so.1 first, and the build's need of that name is met by the loaded copy (one thread pool, not two).
+
+Without a C compiler, or with ``LMFORGE_KERNELS=torch`` in the environment, torch's kernels run instead, said
+once on stderr (the first case only). ``library()`` is the loaded build or None.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from lmforge.files import cache_dir, move
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-ffp-contract=off")  # fused only where written
+BLOCK = 32  # int4: a scale and a zero each block of 32 inputs
+SETTING = "LMFORGE_KERNELS"  # "torch": torch's quantized kernels instead of kernels.c
+P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES = {
+    # x, m, k, w, scale-zero pairs, n, bias, residual, y, threads
+    "lmforge_int4_mm": (P, I64, I64, P, P, I64, P, P, P, INT),
+    # x, m, k, w, scales, n, bias, residual, y, threads
+    "lmforge_int8_mm": (P, I64, I64, P, P, I64, P, P, P, INT),
+    # x, m, d, w, eps, y
+    "lmforge_rms_norm": (P, I64, I64, P, ctypes.c_float, P),
+    # qkv, rows, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, out, threads
+    "lmforge_decode_attention": (P, I64, I64, I64, I64, P, P, P, P, I64, I64, I64, ctypes.c_float, P, INT),
+}
+
+
+def cpu_flags() -> str:
+    """What this CPU can run (the flags line of /proc/cpuinfo, or the platform's name)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build_key(cc: str, flags: tuple[str, ...]) -> str:
+    """A hash of what the build depends on: the source, the flags, the compiler and the CPU."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    parts = (SOURCE.read_bytes(), " ".join(flags).encode(), version.encode(), cpu_flags().encode())
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
+
+
+def build(cc: str, arch: str = "native") -> Path:
+    """The compiled library for this machine (``-march=arch``), built now unless it is in the cache."""
+    flags = (*FLAGS, f"-march={arch}")
+    target = cache_dir() / "kernels" / f"{build_key(cc, flags)}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out)], capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode:
+                errors = [line for line in done.stderr.splitlines() if "error" in line] or ["failed"]
+                raise OSError(f"{cc}: {errors[0].strip()}")
+            move(out, target)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """kernels.c built for this machine and loaded, or None (torch's kernels then: no compiler, or the setting)."""
+    if os.environ.get(SETTING, "").lower() == "torch":
+        return None
+    cc = compiler()
+    try:
+        if cc is None:
+            raise OSError("no C compiler (cc) on the PATH")
+        return load(build(cc))
+    except (OSError, subprocess.SubprocessError) as err:
+        print(f"lmforge: quantized products use torch's kernels (kernels.c not built: {err})", file=sys.stderr)
+        return None
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A build of kernels.c, its functions' argument types declared."""
+    lib = ctypes.CDLL(str(path))
+    for name, args in SIGNATURES.items():
+        getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
+    return lib
+
+
+def pointer(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def int4_mm(x: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
+            residual: torch.Tensor | None) -> torch.Tensor:
+    """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w and pairs in kernels.c's int4 layout
+    (``pack_int4``); residual (M, N) or None. -> (M, N) float32."""
+    m, k = x.shape
+    n = pairs.shape[0] * 16
+    y = x.new_empty(m, n)
+    library().lmforge_int4_mm(x.data_ptr(), m, k, w.data_ptr(), pairs.data_ptr(), n, pointer(bias),
+                              pointer(residual), y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+def int8_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+            residual: torch.Tensor | None) -> torch.Tensor:
+    """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w in kernels.c's int8 layout (``pack_int8``) and
+    scales (N,) bfloat16."""
+    m, k = x.shape
+    n = scales.shape[0]
+    y = x.new_empty(m, n)
+    library().lmforge_int8_mm(x.data_ptr(), m, k, w.data_ptr(), scales.data_ptr(), n, pointer(bias),
+                              pointer(residual), y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) * weight for x (M, D) float32 contiguous."""
+    y = torch.empty_like(x)
+    library().lmforge_rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def decode_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                     lengths: torch.Tensor, kv: torch.Tensor, first: int, scale: float, out: torch.Tensor) -> None:
+    """One decoding step's attention (kernels.c ``lmforge_decode_attention``): qkv (R, H + 2 H_kv, d) rotated
+    in place, the new keys and values written into kv (2, S, H_kv, C, d) at each row's column ``lengths``
+    (int64), out (R, H d) the heads' outputs; every tensor float32 and contiguous."""
+    rows, _, d = qkv.shape
+    _, slots, hkv, capacity, _ = kv.shape
+    library().lmforge_decode_attention(qkv.data_ptr(), rows, heads, hkv, d, pointer(cos), pointer(sin),
+                                       lengths.data_ptr(), kv.data_ptr(), slots, capacity, first, scale,
+                                       out.data_ptr(), torch.get_num_threads())
+
+
+# -- the layouts (kernels.c) -------------------------------------------------------------------------------------
+def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (N, K) in [0, 15], scales and zeros (N, K / 32) -> (w (N / 16, K / 2, 16) uint8: w[t, c, r] = q[16t + r,
+    2c] | q[16t + r, 2c + 1] << 4; pairs (N / 16, K / 32, 16, 2) bfloat16 (s, z) of row 16t + r, block b)."""
+    n, k = q.shape
+    rows = q.to(torch.uint8).reshape(n // 16, 16, k // 2, 2)  # (T, r, c, 2)
+    w = (rows[..., 0] | (rows[..., 1] << 4)).transpose(1, 2).contiguous()  # (T, c, r)
+    pairs = torch.stack([scales.to(torch.bfloat16), zeros.to(torch.bfloat16)], dim=-1)  # (N, K/32, 2)
+    return w, pairs.reshape(n // 16, 16, k // 32, 2).transpose(1, 2).contiguous()
+
+
+def unpack_int4(w: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pack_int4``'s inverse: (q (N, K) int32, scales, zeros (N, K / 32) bfloat16)."""
+    tiles, half, _ = w.shape
+    rows = w.transpose(1, 2)  # (T, r, c)
+    q = torch.stack([rows & 0x0F, rows >> 4], dim=-1).reshape(16 * tiles, 2 * half).to(torch.int32)
+    pairs = pairs.transpose(1, 2).reshape(16 * tiles, half // 16, 2)
+    return q, pairs[..., 0], pairs[..., 1]
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """q (N, K) int8 -> (N / 16, K, 16): w[t, i, r] = q[16t + r, i]."""
+    n, k = q.shape
+    return q.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+
+
+def unpack_int8(w: torch.Tensor) -> torch.Tensor:
+    tiles, k, _ = w.shape
+    return w.transpose(1, 2).reshape(16 * tiles, k)

@@ -1,0 +1,148 @@
+"""kernels.c (nn/kernels.py): built once per machine, torch's OpenMP threads, the portable path's bits equal the
+AVX-512 path's, a machine without a compiler falls back to torch's kernels with one line; the step's norm and
+attention against the NumPy references (the products: tests/test_quant.py)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lmforge.nn import kernels
+from lmforge.nn.quant import QuantizedLinear, quantize_int4, quantize_int8
+from lmforge.reference import attention as reference_attention
+from lmforge.reference import modern as reference_modern
+
+needs_build = pytest.mark.skipif(kernels.compiler() is None, reason="no C compiler here: kernels.c cannot be built")
+
+
+@pytest.fixture
+def fresh_library(monkeypatch):
+    """``kernels.library()`` decided again inside the test, and again after it (the rest of the suite's)."""
+    kernels.library.cache_clear()
+    yield
+    kernels.library.cache_clear()
+
+
+def test_without_a_compiler_the_layers_take_torchs_kernels_said_in_one_line(fresh_library, monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "compiler", lambda: None)
+    assert kernels.library() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lmforge: quantized products use torch's kernels (kernels.c not built: no C compiler (cc) on "
+                   "the PATH)"]
+    q, s, z = quantize_int4(torch.randn(32, 64))
+    assert QuantizedLinear.int4(q, s, z).layout == "torch"
+
+
+def test_the_setting_chooses_torchs_kernels_silently(fresh_library, monkeypatch, capsys):
+    monkeypatch.setenv(kernels.SETTING, "torch")
+    assert kernels.library() is None and capsys.readouterr().err == ""
+
+
+@needs_build
+def test_a_build_is_cached_by_source_compiler_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path))
+    cc = kernels.compiler()
+    first = kernels.build(cc)
+    assert first.exists() and kernels.build(cc) == first
+    assert sorted(p.name for p in first.parent.iterdir()) == [first.name]  # no temporary file left
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: "flags : another machine")
+    assert kernels.build(cc) != first
+
+
+@needs_build
+@pytest.mark.skipif(platform.system() != "Linux", reason="reads /proc/self/maps (Linux)")
+def test_the_kernels_share_torchs_openmp_runtime():
+    """One libgomp in the process: the build's OpenMP threads are torch's pool, not a second one."""
+    assert kernels.library() is not None
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    assert len({line.split()[-1] for line in maps if "libgomp" in line}) == 1
+
+
+@needs_build
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build is x86-64's baseline")
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_portable_build_gives_the_avx512_builds_bits(kind, monkeypatch):
+    """kernels.c without AVX-512 (-march=x86-64: the plain C loops) computes every output in the same order as
+    the vector code: the same bits, so a machine without AVX-512 decodes as this one does."""
+    native = kernels.library()
+    portable = kernels.load(kernels.build(kernels.compiler(), "x86-64"))
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 96, generator=g) * 0.1
+    layer = QuantizedLinear.int8(*quantize_int8(w), bias=torch.randn(64, generator=g)) if kind == "int8" else \
+        QuantizedLinear.int4(*quantize_int4(w), bias=torch.randn(64, generator=g))
+    x, residual = torch.randn(7, 96, generator=g), torch.randn(7, 64, generator=g)
+    outputs = []
+    for lib in (native, portable):
+        monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
+        outputs.append((layer(x), layer(x[:1]), layer(x, residual)))
+    for a, b in zip(*outputs, strict=True):
+        assert torch.equal(a, b)
+
+
+# -- a decoding step's other kernels, against the NumPy references --------------------------------------------------
+def rotary_tables(positions: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (P, d) as the lean step lays them out: angle j and j + d/2 equal, sin's first half negated."""
+    theta = torch.arange(positions, dtype=torch.float64)[:, None] * 10000.0 ** (-2.0 * torch.arange(d // 2) / d)
+    cos, sin = torch.cat([theta.cos()] * 2, dim=-1), torch.cat([-theta.sin(), theta.sin()], dim=-1)
+    return cos.float(), sin.float()
+
+
+@needs_build
+def test_rms_norm_equals_the_reference():
+    x, w = torch.randn(3, 576, generator=torch.Generator().manual_seed(1)), torch.rand(576) + 0.5
+    ref = reference_modern.rms_norm(x.double().numpy(), w.double().numpy(), 1e-5)
+    assert np.abs(kernels.rms_norm(x, w, 1e-5).double().numpy() - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+@needs_build
+@pytest.mark.parametrize("rotary", [True, False])
+def test_the_step_attention_writes_the_cache_and_attends_as_the_reference(rotary):
+    """Rows at columns 0, 5 and 17 of slots 1..3 of a (2, S=4, H_kv=2, C=24, d=32) cache, 6 query heads: the new
+    key (rotated) and value land at the row's column and nowhere else; each query head's output is the reference
+    softmax attention of its rotated query over the row's columns 0..length of its key/value head."""
+    g = torch.Generator().manual_seed(2)
+    h, hkv, d, lengths = 6, 2, 32, torch.tensor([0, 5, 17])
+    kv = torch.randn(2, 4, hkv, 24, d, generator=g)
+    before = kv.clone()
+    qkv = torch.randn(3, h + 2 * hkv, d, generator=g)
+    raw = qkv.clone()
+    cos, sin = rotary_tables(64, d) if rotary else (None, None)
+    out = torch.empty(3, h * d)
+    kernels.decode_attention(qkv, h, cos, sin, lengths, kv, 1, d ** -0.5, out)
+    for b, at in enumerate(lengths.tolist()):
+        x = raw[b].double().numpy()  # (h + 2 hkv, d)
+        turned = reference_modern.rotate(x[: h + hkv, None], [at])[:, 0] if rotary else x[: h + hkv]
+        new_k = turned[h:]
+        assert np.allclose(kv[0, 1 + b, :, at].double().numpy(), new_k, atol=1e-5)
+        assert torch.equal(kv[1, 1 + b, :, at], raw[b, h + hkv:])
+        keys, values = kv[0, 1 + b, :, : at + 1].double().numpy(), kv[1, 1 + b, :, : at + 1].double().numpy()
+        for j in range(h):
+            expected, _ = reference_attention.scaled_dot_product_attention(turned[j][None], keys[j // 3],
+                                                                          values[j // 3])
+            assert np.allclose(out[b, j * d:(j + 1) * d].double().numpy(), expected[0], atol=1e-5)
+    changed = (kv != before).any(dim=-1)  # (2, S, H_kv, C): only the rows' own columns
+    assert changed.nonzero().tolist() == sorted([part, 1 + b, head, at] for part in range(2) for head in range(hkv)
+                                                for b, at in enumerate(lengths.tolist()))
+
+
+@needs_build
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build is x86-64's baseline")
+def test_the_portable_builds_step_attention_and_norm_have_the_same_bits(monkeypatch):
+    native = kernels.library()
+    portable = kernels.load(kernels.build(kernels.compiler(), "x86-64"))
+    g = torch.Generator().manual_seed(4)
+    kv, qkv = torch.randn(2, 2, 3, 40, 48, generator=g), torch.randn(2, 15, 48, generator=g)
+    cos, sin = rotary_tables(64, 48)
+    x, w = torch.randn(2, 100, generator=g), torch.rand(100, generator=g)
+    outputs = []
+    for lib in (native, portable):
+        monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
+        cache, heads, out = kv.clone(), qkv.clone(), torch.empty(2, 9 * 48)
+        kernels.decode_attention(heads, 9, cos, sin, torch.tensor([39, 3]), cache, 0, 0.1, out)
+        outputs.append((cache, heads, out, kernels.rms_norm(x, w, 1e-6)))
+    for a, b in zip(*outputs, strict=True):
+        assert torch.equal(a, b)
