@@ -193,3 +193,37 @@ def test_the_native_norm_and_attention_give_the_torch_calls_logits():
 
     for a, b in zip(logits(True), logits(False), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(kernels.library() is None, reason="kernels.c could not be built here (no C compiler)")
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_quantized_models_layers_in_one_kernels_call_give_the_layer_by_layer_logits(kind):
+    """Every product quantized in kernels.c's layout, RMSNorm, SwiGLU: the lean step runs all the layers in one
+    kernels.c call (``native_layers``). Its logits against the same step layer by layer in Python (kernels.c's
+    norm and attention, then torch's calls): to float rounding; a replaced module turns the one call off."""
+    from lmforge.nn.quant import quantize
+
+    # heads of 32 and 304 tokens: every width a multiple of the int4 group, the head's rows of 16 (kernels.c's head)
+    model = smollm2_shaped(n_layers=4, d_model=288, vocab_size=304)
+    assert quantize(model, kind) == []
+    work = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]
+
+    def logits(native: bool, stack: bool) -> list[torch.Tensor]:
+        engine = Engine(model, slots=8)
+        lean = engine.runner.lean
+        lean.native = native
+        if not stack:
+            lean.native_layers = lambda: None
+        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
+        engine.run()
+        assert (lean._stack is not None) == (native and stack)
+        return [torch.stack(h.logits) for h in handles]
+
+    one_call = logits(True, True)
+    for other in (logits(True, False), logits(False, False)):
+        for a, b in zip(one_call, other, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    lean = Engine(model, slots=2).runner.lean
+    assert lean.native_layers() is not None
+    model.layers[1].ffn.fc2 = torch.nn.Linear(96, 288)
+    assert lean.native_layers() is None

@@ -28,12 +28,19 @@ rows do not depend on the row count: the runner's packed products on a CPU). ``a
 is the residual sum after a product, in one call: ``addmm`` with plain products, one oneDNN call with the CPU
 runner's packed ones (runners/cpu.py).
 
+On a CPU (``native``, the CPU runner's choice, where nn/kernels.c builds) the RMSNorm and the attention above
+(rotation, cache write, softmax over the row's columns) are one kernels.c call each; and when every product is
+a quantized layer in kernels.c's layout (RMSNorm, SwiGLU: the Llama family at ``--dtype int8 | int4``) the whole
+layer stack is one call (``native_layers``), the same pieces in the same order without Python between them.
+These layer-by-layer lines stay the readable statement of what that call computes (tests compare the two).
+
 What fits (``fits``): a ``Decoder`` with rotary or learned positions, RMSNorm or LayerNorm, any activation, no
 QK-norm, the keys and values of every layer of one shape. Others step through the model's forward.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import weakref
 from collections.abc import Callable
@@ -90,6 +97,14 @@ def normalize(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.eps)
 
 
+def layer_parts(layer: TransformerLayer) -> tuple[nn.Module, ...]:
+    """norm1, norm2, the attention, the feed-forward and its four products (in, out, fc1, fc2): read from the
+    modules' own tables (fast: a step checks them all)."""
+    attention, ffn = layer._modules["self_attn"], layer._modules["ffn"]
+    return (layer._modules["norm1"], layer._modules["norm2"], attention, ffn, attention._modules["in_proj"],
+            attention._modules["out_proj"], ffn._modules["fc1"], ffn._modules["fc2"])
+
+
 class StepTensors(NamedTuple):
     """What every layer of one step reads or writes: made once a step."""
 
@@ -116,6 +131,8 @@ class LeanStep:
         # kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several
         self.native = native and kernels.library() is not None and self.buffer.device.type == "cpu" \
             and self.buffer.dtype == torch.float32
+        self._stack: tuple[list, ctypes.Array | None] | None = None  # ``native_layers``: (modules, description)
+        self.eps = 0.0
         # the attention as one fused call (F.scaled_dot_product_attention with the bias as its mask) instead of the
         # four above: fewer kernels on a GPU, to be chosen by measurement there (bench/gpu_step.py --attention)
         self.fused = False
@@ -146,6 +163,11 @@ class LeanStep:
         if model.pos_emb is not None:
             x = x + F.embedding(lengths, model.pos_emb.embedding.weight)
         targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
+        if self.native and (stack := self.native_layers()) is not None:  # every layer in one kernels.c call
+            x = x.contiguous()
+            kernels.decode_layers(x, stack, self.eps, self.h, self.cos, self.sin, lengths, self.buffer, first,
+                                  self.scale)
+            return model.head(self.normalize(model.norm_f, x))  # (R, V)
         if self.native:  # rotation, cache write and attention in one kernels.c call a layer
             out = x.new_empty(rows, self.h * self.d)  # (R, H d)
             attends = [functools.partial(self.attend_native, target=target, lengths=lengths, first=first, out=out)
@@ -160,6 +182,28 @@ class LeanStep:
         for layer, attend in zip(model.layers, attends, strict=True):
             x = self.layer(layer, x, attend)
         return model.head(self.normalize(model.norm_f, x))  # (R, V)
+
+    def native_layers(self) -> ctypes.Array | None:
+        """kernels.c's description of the layers (``kernels.Layer``) where the whole stack can run in one call:
+        every product a ``QuantizedLinear`` in kernels.c's layout, RMSNorm gains of one eps, SwiGLU; else None.
+        Made at the first step and kept with the modules it describes: a module replaced since makes it again."""
+        held = [layer_parts(layer) for layer in self.model.layers]
+        if self._stack is not None and all(a is b for x, y in zip(held, self._stack[0], strict=True)
+                                           for a, b in zip(x, y, strict=True)):
+            return self._stack[1]
+        norms = [m for modules in held for m in modules[:2]]
+        products = [m for modules in held for m in modules[4:]]
+        fit = all(type(m) is RMSNorm and m.weight is not None and m.eps == norms[0].eps for m in norms) and \
+            all(type(m) is QuantizedLinear and m.layout == "lmforge" for m in products) and \
+            all(modules[3].gated for modules in held) and self.model.pos_emb is None
+        stack = None
+        if fit:
+            self.eps = norms[0].eps
+            stack = (kernels.Layer * len(held))(*[kernels.Layer(
+                n1.weight.data_ptr(), n2.weight.data_ptr(), *(kernels.product_of(m) for m in (qkv, out, up, down)))
+                for n1, n2, _, _, qkv, out, up, down in held])
+        self._stack = held, stack
+        return stack
 
     def normalize(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm or LayerNorm of x (R, D) in one call (``native``: kernels.c's RMSNorm)."""

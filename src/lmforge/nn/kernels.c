@@ -37,6 +37,7 @@ static inline float bf16_float(uint16_t h) {
  * bias, then residual + y. */
 #define PARTS 4
 #define XROWS 4   /* rows of x a tile's weights are dequantized for at once */
+#define PREFETCH 8192
 
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void int4_tile(const float *x, const int t, int64_t k,
@@ -47,6 +48,9 @@ static inline __attribute__((always_inline)) void int4_tile(const float *x, cons
     for (int r = 0; r < t; r++)
         for (int p = 0; p < PARTS; p++) part[r][p] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / 32; b++) {
+        for (int line = 0; line < 256; line += 64)  /* PREFETCH bytes ahead (the next tile's too) */
+            _mm_prefetch((const char *)(w + 256 * b + PREFETCH + line), _MM_HINT_T0);
+        _mm_prefetch((const char *)(sz + 16 * b + PREFETCH / 4), _MM_HINT_T0);
         __m512i pairs = _mm512_loadu_si512(sz + 16 * b);
         __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
         __m512 z = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
@@ -127,12 +131,14 @@ static inline __attribute__((always_inline)) void int8_tile(const float *x, cons
     __m512 part[XROWS][PARTS];
     for (int r = 0; r < t; r++)
         for (int p = 0; p < PARTS; p++) part[r][p] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; i += PARTS)
+    for (int64_t i = 0; i < k; i += PARTS) {
+        _mm_prefetch((const char *)(w + 16 * i + PREFETCH), _MM_HINT_T0);  /* 16 PARTS bytes: a line a step */
         for (int p = 0; p < PARTS; p++) {
             __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * (i + p)))));
             for (int r = 0; r < t; r++)
                 part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + i + p]), q, part[r][p]);
         }
+    }
     for (int r = 0; r < t; r++)
         out[r] = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
 }
@@ -278,5 +284,61 @@ void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, 
             for (int64_t i = 0; i < dh; i++) o[i] = acc[i] / total;
         }
         __builtin_free(scores);
+    }
+}
+
+/* ---- a pre-LN decoder's layers, one token a row, in one call ----------------------------------------------- */
+/* The lean step's layer (generation/lean.py) for a model whose products are all quantized, RMSNorm, SwiGLU:
+ *     x = x + W_o attend(norm1(x))
+ *     x = x + W_2 (silu(g) ⊙ u),  [g, u] = W_1 norm2(x)
+ * each piece the function above it in this file, so its bits are those of the calls made one by one (but SwiGLU,
+ * whose exponential is this file's, not torch's). Python's work between the pieces is all that is saved. */
+typedef struct {
+    const void *weight, *scales;  /* a QuantizedLinear in this file's layout */
+    const float *bias;            /* or NULL */
+    int64_t n, k, kind;           /* out, in features; 8 or 4 */
+} product_t;
+
+typedef struct {
+    const float *norm1, *norm2;     /* RMSNorm gains (D,) */
+    product_t qkv, out, up, down;   /* in_proj ((H + 2 H_kv) d, D), out_proj (D, H d), fc1 (2 F, D), fc2 (D, F) */
+} layer_t;
+
+static void product(const product_t *p, const float *x, int64_t m, const float *residual, float *y, int threads) {
+    if (p->kind == 4)
+        lmforge_int4_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
+    else
+        lmforge_int8_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
+}
+
+/* y (m, f) = silu(g) u for hidden (m, 2 f) = [g | u] row by row */
+static void swiglu(const float *hidden, int64_t m, int64_t f, float *y) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < f; i++) {
+            const float g = hidden[r * 2 * f + i];
+            y[r * f + i] = g / (1.0f + __builtin_expf(-g)) * hidden[r * 2 * f + f + i];
+        }
+}
+
+/* x (rows, D) through every layer, in place; kv (L, 2, slots, hkv, capacity, dh) the layers' caches; scratch of
+ * rows * (2 D + (h + 2 hkv) dh + h dh + 3 F) floats */
+void lmforge_decode_layers(float *x, int64_t rows, const layer_t *layers, int64_t n_layers, float eps, int64_t h,
+                           int64_t hkv, int64_t dh, const float *cos, const float *sin, const int64_t *lengths,
+                           float *kv, int64_t slots, int64_t capacity, int64_t first, float scale, float *scratch,
+                           int threads) {
+    const int64_t d = layers[0].out.n, f = layers[0].down.k, plane = 2 * slots * hkv * capacity * dh;
+    float *normed = scratch, *heads = normed + rows * d, *attended = heads + rows * (h + 2 * hkv) * dh;
+    float *hidden = attended + rows * h * dh, *gated = hidden + rows * 2 * f;
+    for (int64_t l = 0; l < n_layers; l++) {
+        const layer_t *layer = layers + l;
+        lmforge_rms_norm(x, rows, d, layer->norm1, eps, normed);
+        product(&layer->qkv, normed, rows, NULL, heads, threads);
+        lmforge_decode_attention(heads, rows, h, hkv, dh, cos, sin, lengths, kv + l * plane, slots, capacity, first,
+                                 scale, attended, threads);
+        product(&layer->out, attended, rows, x, x, threads);
+        lmforge_rms_norm(x, rows, d, layer->norm2, eps, normed);
+        product(&layer->up, normed, rows, NULL, hidden, threads);
+        swiglu(hidden, rows, f, gated);
+        product(&layer->down, gated, rows, x, x, threads);
     }
 }

@@ -47,7 +47,22 @@ SIGNATURES = {
     "lmforge_rms_norm": (P, I64, I64, P, ctypes.c_float, P),
     # qkv, rows, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, out, threads
     "lmforge_decode_attention": (P, I64, I64, I64, I64, P, P, P, P, I64, I64, I64, ctypes.c_float, P, INT),
+    # x, rows, layers, n_layers, eps, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, scratch, threads
+    "lmforge_decode_layers": (P, I64, P, I64, ctypes.c_float, I64, I64, I64, P, P, P, P, I64, I64, I64,
+                              ctypes.c_float, P, INT),
 }
+
+
+class Product(ctypes.Structure):
+    """kernels.c's ``product_t``: a quantized layer's tensors, shapes and kind, for ``decode_layers``."""
+
+    _fields_ = [("weight", P), ("scales", P), ("bias", P), ("n", I64), ("k", I64), ("kind", I64)]
+
+
+class Layer(ctypes.Structure):
+    """kernels.c's ``layer_t``: one pre-LN decoder layer's RMSNorm gains and four quantized products."""
+
+    _fields_ = [("norm1", P), ("norm2", P), ("qkv", Product), ("out", Product), ("up", Product), ("down", Product)]
 
 
 def cpu_flags() -> str:
@@ -157,6 +172,25 @@ def decode_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor | None, si
     library().lmforge_decode_attention(qkv.data_ptr(), rows, heads, hkv, d, pointer(cos), pointer(sin),
                                        lengths.data_ptr(), kv.data_ptr(), slots, capacity, first, scale,
                                        out.data_ptr(), torch.get_num_threads())
+
+
+def product_of(layer: torch.nn.Module) -> Product:
+    """A ``QuantizedLinear`` in kernels.c's layout, as ``decode_layers`` reads it."""
+    return Product(layer.weight.data_ptr(), layer.scales.data_ptr(), pointer(layer.bias), layer.out_features,
+                   layer.in_features, 8 if layer.kind == "int8" else 4)
+
+
+def decode_layers(x: torch.Tensor, layers: ctypes.Array, eps: float, heads: int, cos: torch.Tensor | None,
+                  sin: torch.Tensor | None, lengths: torch.Tensor, kv: torch.Tensor, first: int, scale: float) -> None:
+    """Every layer of a decoding step, x (R, D) in place (kernels.c ``lmforge_decode_layers``); kv the slots'
+    (L, 2, S, H_kv, C, d) buffer; ``layers`` an array of ``Layer``."""
+    rows, d = x.shape
+    _, _, slots, hkv, capacity, dh = kv.shape
+    f = layers[0].down.k
+    scratch = x.new_empty(rows * (2 * d + (heads + 2 * hkv) * dh + heads * dh + 3 * f))
+    library().lmforge_decode_layers(x.data_ptr(), rows, layers, len(layers), eps, heads, hkv, dh, pointer(cos),
+                                    pointer(sin), lengths.data_ptr(), kv.data_ptr(), slots, capacity, first, scale,
+                                    scratch.data_ptr(), torch.get_num_threads())
 
 
 # -- the layouts (kernels.c) -------------------------------------------------------------------------------------

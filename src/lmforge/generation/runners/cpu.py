@@ -16,8 +16,10 @@
    pack (bfloat16 weights, unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS`` rows, where BLAS keeps
    a row's bits, and prefills one prompt at a time.
 3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
-   model's forward (62), the residual sums fused into the packed products (``packed_add``). A lone request steps
-   beside a spare row (``rows_for``), so that no product computes a lone row.
+   model's forward (62), the residual sums fused into the packed products (``packed_add``); its RMSNorm and
+   attention by nn/kernels.c (``native``), and a quantized model's whole layer stack in one kernels.c call. A
+   lone request steps beside a spare row (``rows_for``) where oneDNN computes a product, so that none computes
+   a lone row.
 4. One compiled step (``compile=True``, float32 decoders): the step compiled once for every row and column count
    (``dynamic=True``), the packed products kept whole in the graph as an operator (``lmforge::packed_linear``) and
    the many small operations between them fused. Prefills stay eager.
