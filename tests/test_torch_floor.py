@@ -32,7 +32,7 @@ UNIVERSAL_KEYWORDS = {"dtype", "device", "dim"}  # given to tensor factories and
 SINCE_TEXT = {
     (2, 0): """
         torch: Generator Size Tensor arange argsort as_tensor autocast cat compile cos device dtype einsum empty
-               enable_grad from_numpy frombuffer full full_like get_num_threads get_rng_state inference_mode
+               empty_like enable_grad from_numpy frombuffer full full_like get_num_threads get_rng_state inference_mode
                is_grad_enabled isfinite isin load log log_softmax lstm manual_seed matmul no_grad nonzero ones
                ones_like save set_num_threads set_rng_state sigmoid sin softmax sort stack tanh tanh_ tensor where
                zeros zeros_like
