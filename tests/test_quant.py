@@ -46,13 +46,23 @@ def product_bound(x: np.ndarray, w: np.ndarray, y: np.ndarray, layout: str = "to
 
 
 # -- the integers ---------------------------------------------------------------------------------------------
-def test_int8_weights_lie_within_half_a_step_of_their_dequantized_values():
+@pytest.mark.parametrize("group", [32, 96])
+def test_int8_weights_lie_within_half_a_step_of_their_dequantized_values(group):
+    """Groups of 32 (the default), or one scale a row (group = K)."""
     w = weights(48, 96, 0)
-    q, s = quantize_int8(w)
-    assert q.dtype == torch.int8 and s.dtype == torch.bfloat16 and q.abs().max() <= 127
+    q, s = quantize_int8(w, group)
+    assert q.dtype == torch.int8 and s.dtype == torch.bfloat16 and q.abs().max() <= 127 and s.shape == (48, 96 // group)
     err = np.abs(w.double().numpy() - dequantize_int8(q.numpy(), s.double().numpy()))
-    assert (err <= s.double().numpy()[:, None] / 2 * (1 + 1e-12)).all()
+    assert (err <= np.repeat(s.double().numpy(), group, axis=1) / 2 * (1 + 1e-12)).all()
     assert err[0].max() == 0  # a row of zeros stays zeros
+
+
+def test_int8_groups_follow_the_weights_better_than_one_scale_a_row():
+    """A group far from the rest of its row (w[2, 32:64] ~ 5): its neighbours keep their own fine steps."""
+    w = weights(48, 96, 0)
+    error = {g: np.abs(w.double().numpy() - dequantize_int8(*(t.double().numpy() for t in quantize_int8(w, g))))
+             for g in (32, 96)}
+    assert error[32][2, :32].max() < error[96][2, :32].max() / 20
 
 
 @pytest.mark.parametrize("group", [32, 64])
@@ -88,10 +98,28 @@ def test_the_int4_kernels_layout_reads_back_the_same_integers_and_weights(layout
     assert np.array_equal(layer.dequantized().double().numpy(), expected)
 
 
-def test_the_int8_layout_reads_back_the_same_integers(layout):
-    q, s = quantize_int8(weights(48, 96, 0))
+@pytest.mark.parametrize("group", [32, 96])
+def test_the_int8_layout_reads_back_the_same_integers_and_weights(layout, group):
+    """Either layout holds one scale a row as given; groups of 32 only kernels.c's (torch's kernel reads one scale
+    a row: the groups are requantized, each weight within half a step of the row's scale)."""
+    q, s = quantize_int8(weights(48, 96, 0), group)
     layer = QuantizedLinear.int8(q, s)
-    assert layer.layout == layout and torch.equal(layer.integers(), q)
+    exact = dequantize_int8(q.numpy(), s.double().numpy())
+    if layout == "torch" and group == 32:
+        row = layer.group_scales().double().numpy()
+        assert layer.group == 96 and row.shape == (48, 1)
+        assert (np.abs(layer.dequantized().double().numpy() - exact) <= row / 2 * (1 + 1e-12)).all()
+        return
+    assert layer.layout == layout and layer.group == group and torch.equal(layer.integers(), q)
+    assert torch.equal(layer.group_scales(), s)
+    assert np.array_equal(layer.dequantized().double().numpy(), exact)
+
+
+def test_an_int8_layer_saved_with_one_scale_a_row_loads_as_it_was(layout):
+    """Directories written before grouped int8 hold scales (N,): the layer reads them as one group a row."""
+    q, s = quantize_int8(weights(48, 96, 0), 96)
+    layer = QuantizedLinear.from_portable("int8", q, s.reshape(-1))
+    assert layer.group == 96 and torch.equal(layer.dequantized(), QuantizedLinear.int8(q, s).dequantized())
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
@@ -102,7 +130,7 @@ def test_a_layer_saved_in_one_layout_loads_in_the_other_with_the_same_weights(ki
     linear = nn.Linear(128, 48)
     with torch.no_grad():
         linear.weight.copy_(weights(48, 128, 8))
-    ours = QuantizedLinear.from_linear(linear, kind, 64)
+    ours = QuantizedLinear.from_linear(linear, kind, 128 if kind == "int8" else 64)  # int8 in torch's: a row
     built = kernels.library
     monkeypatch.setattr(kernels, "library", lambda: None)
     theirs = QuantizedLinear.from_portable(kind, *ours.portable(), bias=ours.bias)

@@ -52,7 +52,7 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
     (or when ``tokenizer=False``). The files are checked against the directory's ``checksums.json``
     when it has one (``verify=False`` skips that, for huge models). ``dtype``: None (as read: float32), fp32,
     bf16, fp16, or int8 / int4 (weight-only quantized linear layers on the CPU, ``lmforge.nn.quant``;
-    ``group_size`` for int4). See ``lmforge.interop.directories``.
+    ``group_size`` their groups). See ``lmforge.interop.directories``.
     """
     from lmforge.interop.directories import load as load_directory
 

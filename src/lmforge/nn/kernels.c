@@ -2,7 +2,7 @@
  *
  * Compiled on the machine that runs it (nn/kernels.py: cc -O3 -march=native -fopenmp), loaded with ctypes.
  *
- *   int8   Ŵ[n][i] = s[n] q[n][i]                        q int8, s bfloat16
+ *   int8   Ŵ[n][i] = s[n][b] q[n][i]                     q int8, b = i / 32, s bfloat16
  *   int4   Ŵ[n][i] = s[n][b] (q[n][i] - 8) + z[n][b]     q in [0, 15], b = i / 32, s and z bfloat16
  *
  * The outputs go in tiles of 16 rows of Ŵ, the 16 lanes of one vector, so no lanes are ever summed together: the
@@ -122,19 +122,23 @@ void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, con
 }
 
 /* ---- int8 ------------------------------------------------------------------------------------------------ */
-/* Layout: tiles of 16 output rows, input by input: w[t][i][r] = q[16t + r][i]; scales s[n] bfloat16. Output o of
- * row x: partial p sums the inputs i = p, p + 4, ... in order by fused multiply-adds, y = s ((p0 + p1) + (p2 + p3))
- * + bias, then residual + y. */
+/* Layout: tiles of 16 output rows, input by input: w[t][i][r] = q[16t + r][i]; s[t][b][r] the bfloat16 scale of
+ * row 16t + r, block b of 32 inputs. Each weight dequantized, q s (exact in float32), once for the rows of x in
+ * hand. Output o of row x: partial p sums the inputs i = p, p + 4, ... in order by fused multiply-adds,
+ * y = (p0 + p1) + (p2 + p3) + bias, then residual + y. */
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void int8_tile(const float *x, const int t, int64_t k,
-                                                            const int8_t *w, __m512 *out) {
+                                                            const int8_t *w, const uint16_t *scales, __m512 *out) {
     __m512 part[XROWS][PARTS];
     for (int r = 0; r < t; r++)
         for (int p = 0; p < PARTS; p++) part[r][p] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += PARTS) {
         _mm_prefetch((const char *)(w + 16 * i + PREFETCH), _MM_HINT_T0);  /* 16 PARTS bytes: a line a step */
+        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * (i / 32)))), 16));
         for (int p = 0; p < PARTS; p++) {
             __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * (i + p)))));
+            q = _mm512_mul_ps(q, s);
             for (int r = 0; r < t; r++)
                 part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + i + p]), q, part[r][p]);
         }
@@ -145,19 +149,17 @@ static inline __attribute__((always_inline)) void int8_tile(const float *x, cons
 
 static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales,
                            int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
-    __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * tile))), 16));
     for (int64_t r = 0; r < m; r += XROWS) {
         const int64_t t = m - r < XROWS ? m - r : XROWS;
         __m512 out[XROWS];
         switch (t) {
-        case 4: int8_tile(x + r * k, 4, k, w, out); break;
-        case 3: int8_tile(x + r * k, 3, k, w, out); break;
-        case 2: int8_tile(x + r * k, 2, k, w, out); break;
-        default: int8_tile(x + r * k, 1, k, w, out);
+        case 4: int8_tile(x + r * k, 4, k, w, scales, out); break;
+        case 3: int8_tile(x + r * k, 3, k, w, scales, out); break;
+        case 2: int8_tile(x + r * k, 2, k, w, scales, out); break;
+        default: int8_tile(x + r * k, 1, k, w, scales, out);
         }
         for (int i = 0; i < t; i++) {
-            __m512 v = _mm512_mul_ps(out[i], s);
+            __m512 v = out[i];
             if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * tile));
             if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + (r + i) * n + 16 * tile), v);
             _mm512_storeu_ps(y + (r + i) * n + 16 * tile, v);
@@ -170,10 +172,12 @@ static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w
     for (int64_t r = 0; r < m; r++) {
         float part[PARTS][LANES] = {{0}};
         for (int64_t i = 0; i < k; i++)
-            for (int l = 0; l < LANES; l++)
-                part[i % PARTS][l] = __builtin_fmaf(x[r * k + i], (float)w[16 * i + l], part[i % PARTS][l]);
+            for (int l = 0; l < LANES; l++) {
+                const float q = (float)w[16 * i + l] * bf16_float(scales[16 * (i / 32) + l]);
+                part[i % PARTS][l] = __builtin_fmaf(x[r * k + i], q, part[i % PARTS][l]);
+            }
         for (int l = 0; l < LANES; l++) {
-            float v = ((part[0][l] + part[1][l]) + (part[2][l] + part[3][l])) * bf16_float(scales[16 * tile + l]);
+            float v = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
             if (bias) v = v + bias[16 * tile + l];
             if (residual) v = residual[r * n + 16 * tile + l] + v;
             y[r * n + 16 * tile + l] = v;
@@ -182,12 +186,12 @@ static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w
 }
 #endif
 
-/* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 4); bias, residual may be NULL */
+/* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 32); bias, residual may be NULL */
 void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
                      const float *bias, const float *residual, float *y, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t tile = 0; tile < n / 16; tile++)
-        int8_tile_rows(x, m, k, w + tile * 16 * k, scales, n, tile, bias, residual, y);
+        int8_tile_rows(x, m, k, w + tile * 16 * k, scales + tile * 16 * (k / 32), n, tile, bias, residual, y);
 }
 
 /* ---- a decoding step's other work (float32) -------------------------------------------------------------- */

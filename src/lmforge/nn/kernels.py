@@ -145,10 +145,10 @@ def int4_mm(x: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, bias: torch.T
 
 def int8_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
             residual: torch.Tensor | None) -> torch.Tensor:
-    """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w in kernels.c's int8 layout (``pack_int8``) and
-    scales (N,) bfloat16."""
+    """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w and scales in kernels.c's int8 layout
+    (``pack_int8``)."""
     m, k = x.shape
-    n = scales.shape[0]
+    n = w.shape[0] * 16
     y = x.new_empty(m, n)
     library().lmforge_int8_mm(x.data_ptr(), m, k, w.data_ptr(), scales.data_ptr(), n, pointer(bias),
                               pointer(residual), y.data_ptr(), torch.get_num_threads())
@@ -213,12 +213,15 @@ def unpack_int4(w: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, tor
     return q, pairs[..., 0], pairs[..., 1]
 
 
-def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """q (N, K) int8 -> (N / 16, K, 16): w[t, i, r] = q[16t + r, i]."""
+def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (N, K) int8 and scales (N, K / 32) -> (w (N / 16, K, 16): w[t, i, r] = q[16t + r, i]; scales
+    (N / 16, K / 32, 16) bfloat16)."""
     n, k = q.shape
-    return q.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+    w = q.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+    return w, scales.to(torch.bfloat16).reshape(n // 16, 16, k // BLOCK).transpose(1, 2).contiguous()
 
 
-def unpack_int8(w: torch.Tensor) -> torch.Tensor:
+def unpack_int8(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pack_int8``'s inverse: (q (N, K) int8, scales (N, K / 32) bfloat16)."""
     tiles, k, _ = w.shape
-    return w.transpose(1, 2).reshape(16 * tiles, k)
+    return w.transpose(1, 2).reshape(16 * tiles, k), scales.transpose(1, 2).reshape(16 * tiles, k // BLOCK)

@@ -1,8 +1,12 @@
-"""Weight-only quantized linear layers (CPU): int8 per output channel, int4 in groups of inputs; activations float.
+"""Weight-only quantized linear layers (CPU): int8 and int4 in groups of inputs; activations float.
 
-    int8   W[n, k] ≈ s[n] q[n, k]                     q int8 in [-127, 127]; 1 byte a weight (+ 2 a row)
+    int8   W[n, k] ≈ s[n, j] q[n, k]                  j = k // group, q int8 in [-127, 127]; 1 byte a weight
+                                                      (+ 2 bytes a group: GGUF's Q8_0 at group 32)
     int4   W[n, k] ≈ s[n, j] (q[n, k] - 8) + z[n, j]  j = k // group, q in [0, 15]; half a byte a weight
                                                       (+ 4 bytes a group: 1/8 of a byte a weight at group 32)
+
+The group is 32 by default (64, 128, 256, or, for int8, the whole row: one scale a row, what torch's int8 kernel
+reads and what directories saved before grouped int8 hold).
 
 ``QuantizedLinear`` computes y = x Ŵᵀ + b (Ŵ the dequantized weight, ``reference/quant.py``'s equations) with
 lmforge's own kernels (nn/kernels.c, built on this machine at first use: float32 activations, 16 output rows a
@@ -43,8 +47,8 @@ from torch import nn
 from lmforge.nn import kernels
 
 KINDS = ("int8", "int4")
-GROUP = 32  # int4's default group: GGUF's block of 32 weights
-GROUPS = (32, 64, 128, 256)  # what the int4 kernel accepts
+GROUP = 32  # the default group: GGUF's block of 32 weights
+GROUPS = (32, 64, 128, 256)  # what the int4 kernels accept (int8: these or a whole row)
 ALIGN = 64  # bytes: the int8 kernel reads rows with aligned loads
 ROWS_AT_ONCE = 4096  # rows quantized together: the float64 work of a 49152-row head stays ~20 MB, not 230
 
@@ -72,13 +76,15 @@ def by_rows(quantizer: Callable) -> Callable:
 
 
 @by_rows
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W (N, K) -> (q int8 (N, K), scales bfloat16 (N,)) with |W - s q| <= s / 2: s >= max |W[n]| / 127."""
-    w = w.double()
-    scales = bf16_at_least(w.abs().amax(dim=1) / 127)
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # a row of zeros: any scale
-    q = torch.round(w / scales.double()[:, None]).clamp(-127, 127)
-    return q.to(torch.int8), scales
+def quantize_int8(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """W (N, K) -> (q int8 (N, K), scales bfloat16 (N, K / group)) with |W - s q| <= s / 2: s >= max |W| / 127
+    over each group (``group`` = K: one scale a row)."""
+    n, k = w.shape
+    g = w.double().reshape(n, k // group, group)  # (N, K/g, g)
+    scales = bf16_at_least(g.abs().amax(dim=2) / 127)
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # a group of zeros: any scale
+    q = torch.round(g / scales.double()[..., None]).clamp(-127, 127)
+    return q.reshape(n, k).to(torch.int8), scales
 
 
 @by_rows
@@ -105,8 +111,10 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, to
 
 def unsupported(out_features: int, in_features: int, kind: str, group: int = GROUP) -> str | None:
     """Why the kernels cannot hold a layer of this shape, or None."""
+    if kind == "int8" and in_features % 16:
+        return f"in_features {in_features} is not a multiple of 16"
     if kind == "int8":
-        return None if in_features % 16 == 0 else f"in_features {in_features} is not a multiple of 16"
+        return None if in_features % group == 0 else f"in_features {in_features} is not a multiple of the group {group}"
     if out_features % 16:
         return f"out_features {out_features} is not a multiple of 16"
     if in_features % group:
@@ -125,11 +133,13 @@ class QuantizedLinear(nn.Module):
     """y = x Ŵᵀ + b with Ŵ held as integers, b float32, in one of two layouts (``layout``):
 
         "lmforge"  kernels.c's (nn/kernels.py, built on this machine): outputs in tiles of 16 rows, float32
-                   activations. int8: ``weight`` (N/16, K, 16) int8, ``scales`` (N,); int4: ``weight``
-                   (N/16, K/2, 16) uint8, ``scales`` (N/16, K/32, 16, 2) scale-zero pairs a block of 32
+                   activations. int8: ``weight`` (N/16, K, 16) int8, ``scales`` (N/16, K/32, 16) a block of
+                   32; int4: ``weight`` (N/16, K/2, 16) uint8, ``scales`` (N/16, K/32, 16, 2) scale-zero pairs
         "torch"    torch's kernels' (no C compiler, ``LMFORGE_KERNELS=torch``, or N not a multiple of 16):
-                   int8: ``weight`` (N, K) and ``scales`` (N,); int4: ``weight`` in the packed layout
-                   (N, K / 2) uint8 and ``scales`` (K / group, N, 2)
+                   int8: ``weight`` (N, K) and ``scales`` (N, 1), one a row: torch's int8 kernel reads no
+                   other, so smaller groups are requantized to one scale a row (each weight moves by at most
+                   half the row's step); int4: ``weight`` in the packed layout (N, K / 2) uint8 and ``scales``
+                   (K / group, N, 2)
 
     Not an ``nn.Linear``: code that packs or casts every ``nn.Linear`` (the CPU runner's packed products,
     ``model.to(dtype)`` of its parameters) leaves it alone. ``forward(x, residual)`` adds a residual in the
@@ -148,17 +158,25 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(bias.detach().float().clone(), requires_grad=False) if bias is not None else None
 
     @staticmethod
-    def own_kernels(out_features: int) -> bool:
-        """Whether this layer takes kernels.c's layout: the library is built and the rows make whole tiles."""
-        return out_features % 16 == 0 and kernels.library() is not None
+    def own_kernels(out_features: int, group: int = GROUP) -> bool:
+        """Whether this layer takes kernels.c's layout: the library is built, the rows make whole tiles and the
+        groups whole blocks of 32."""
+        return out_features % 16 == 0 and group % kernels.BLOCK == 0 and kernels.library() is not None
 
     @classmethod
     def int8(cls, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> QuantizedLinear:
-        """From q (N, K) int8 and scales (N,)."""
+        """From q (N, K) int8 and scales (N, K / group), or (N,): one a row."""
         n, k = q.shape
-        if cls.own_kernels(n):
-            return cls(k, n, "int8", kernels.pack_int8(q.to(torch.int8)), scales, bias, layout="lmforge")
-        return cls(k, n, "int8", q.to(torch.int8), scales, bias)
+        scales = scales.reshape(n, -1).to(torch.bfloat16)  # (N, K/g)
+        group = k // scales.shape[1]
+        if cls.own_kernels(n, group):  # a scale each block of 32
+            blocks = scales.repeat_interleave(group // kernels.BLOCK, dim=1)
+            w, tiles = kernels.pack_int8(q.to(torch.int8), blocks)
+            return cls(k, n, "int8", w, tiles, bias, group, layout="lmforge")
+        if group < k:  # torch's int8 kernel reads one scale a row: the groups requantized to one (within its step)
+            w = (q.double().reshape(n, k // group, group) * scales.double()[..., None]).reshape(n, k)
+            q, scales = quantize_int8(w, k)
+        return cls(k, n, "int8", q.to(torch.int8), scales, bias, k)
 
     @classmethod
     def int4(cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int = GROUP,
@@ -181,7 +199,7 @@ class QuantizedLinear(nn.Module):
         """A float ``nn.Linear`` quantized (``quantize_int8`` / ``quantize_int4``)."""
         w = linear.weight.detach()
         if kind == "int8":
-            return cls.int8(*quantize_int8(w), bias=linear.bias)
+            return cls.int8(*quantize_int8(w, group), bias=linear.bias)
         return cls.int4(*quantize_int4(w, group), group=group, bias=linear.bias)
 
     def _apply(self, fn: Callable, recurse: bool = True) -> QuantizedLinear:
@@ -205,7 +223,7 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         xb = rows.new_empty(rows.shape, dtype=torch.bfloat16).copy_(rows)  # (M, K): a fresh, aligned copy
         if self.kind == "int8":
-            y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, self.scales)
+            y = torch.ops.aten._weight_int8pack_mm(xb, self.weight, self.scales.reshape(-1))
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.weight, self.group, self.scales)
         y = y.to(x.dtype if x.is_floating_point() else torch.float32)  # (M, N)
@@ -219,7 +237,7 @@ class QuantizedLinear(nn.Module):
         its kernel itself (x = the identity, scale 1, zero 8: each output is one q exactly), so no private layout
         is assumed."""
         if self.layout == "lmforge":
-            return kernels.unpack_int8(self.weight) if self.kind == "int8" else \
+            return kernels.unpack_int8(self.weight, self.scales)[0] if self.kind == "int8" else \
                 kernels.unpack_int4(self.weight, self.scales)[0]
         if self.kind == "int8":
             return self.weight
@@ -227,6 +245,12 @@ class QuantizedLinear(nn.Module):
         ones = torch.tensor([1.0, 8.0], dtype=torch.bfloat16).expand(self.in_features // self.group,
                                                                      self.out_features, 2).contiguous()
         return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, self.group, ones).T.to(torch.int32)
+
+    def group_scales(self) -> torch.Tensor:
+        """int8: the scales (N, K / group) bfloat16."""
+        if self.layout == "lmforge":
+            return kernels.unpack_int8(self.weight, self.scales)[1][:, :: self.group // kernels.BLOCK].contiguous()
+        return self.scales.reshape(self.out_features, -1)
 
     def scales_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
         """int4: scales and zeros (N, K / group) bfloat16."""
@@ -240,19 +264,21 @@ class QuantizedLinear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         """Ŵ (N, K) in float32 (exact: a small integer times a bfloat16 scale, plus a bfloat16 zero)."""
         q = self.integers().double()
-        if self.kind == "int8":
-            return (q * self.scales.double()[:, None]).float()
-        s, z = (t.double() for t in self.scales_and_zeros())  # (N, K/g) each
         n, k = q.shape
+        if self.kind == "int8":
+            s = self.group_scales().double()  # (N, K/g)
+            return (q.reshape(n, k // self.group, self.group) * s[..., None]).reshape(n, k).float()
+        s, z = (t.double() for t in self.scales_and_zeros())  # (N, K/g) each
         w = (q.reshape(n, k // self.group, self.group) - 8) * s[..., None] + z[..., None]
         return w.reshape(n, k).float()
 
     def portable(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight, scales) in the form a file keeps, whatever this machine's layout: int8 q (N, K) and
-        scales (N,); int4 q two a byte (N, K / 2) uint8, column 2i in the low nibble and 2i + 1 in the high,
-        and (N, K / group, 2) scale-zero pairs. ``from_portable`` is the inverse."""
+        scales (N, K / group); int4 q two a byte (N, K / 2) uint8, column 2i in the low nibble and 2i + 1 in the
+        high, and (N, K / group, 2) scale-zero pairs. ``from_portable`` is the inverse (int8 scales (N,), one a
+        row, as directories saved before grouped int8 hold them, read too)."""
         if self.kind == "int8":
-            return self.integers(), self.scales.to(torch.bfloat16)
+            return self.integers(), self.group_scales()
         q = self.integers().to(torch.uint8)  # (N, K)
         return q[:, 0::2] | (q[:, 1::2] << 4), torch.stack(self.scales_and_zeros(), dim=-1)
 
@@ -272,7 +298,7 @@ class QuantizedLinear(nn.Module):
             destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
 
     def extra_repr(self) -> str:
-        group = f", group={self.group}" if self.kind == "int4" else ""
+        group = f", group={self.group}"
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}{group}, " \
                f"bias={self.bias is not None}, layout={self.layout}"
 

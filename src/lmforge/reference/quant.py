@@ -1,6 +1,6 @@
 """Weight-only quantization in NumPy float64: the dequantized weights and their product, the oracle of nn/quant.py.
 
-    int8, per output channel    W[n, k] ≈ s[n] q[n, k]                 q in [-127, 127]
+    int8, groups of g inputs    W[n, k] ≈ s[n, j] q[n, k]              j = k // g, q in [-127, 127]
     int4, groups of g inputs    W[n, k] ≈ s[n, j] (q[n, k] - 8) + z[n, j]     j = k // g, q in [0, 15]
 
 (GGUF's Q4_0 is z = 0; its Q4_1, x = d q + m, is s = d, z = m + 8 d.) The product is x Ŵᵀ + b with Ŵ the
@@ -16,8 +16,11 @@ import numpy as np
 
 
 def dequantize_int8(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """q (N, K) integers in [-127, 127], scales (N,) -> W (N, K) = s[n] q[n, k]."""
-    return np.asarray(scales, np.float64)[:, None] * np.asarray(q, np.float64)
+    """q (N, K) integers in [-127, 127], scales (N, K / g) (or (N,): one a row) -> W (N, K) = s[n, k // g] q[n, k]."""
+    q = np.asarray(q, np.float64)
+    n, k = q.shape
+    s = np.asarray(scales, np.float64).reshape(n, -1)  # (N, K/g)
+    return (s[:, :, None] * q.reshape(n, s.shape[1], -1)).reshape(n, k)
 
 
 def dequantize_int4(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, group: int) -> np.ndarray:

@@ -58,7 +58,8 @@ class Weights:
     dtype: Literal["fp32", "bf16", "fp16", "int8", "int4"] = setting(
         "fp32", "weights' dtype; int8 / int4: weight-only quantized linear layers on the CPU, activations float32 "
                 "(a GGUF file's Q4_0 / Q4_1 matrices are kept as stored with int4)")
-    group_size: int = setting(32, "int4: weights per group sharing a scale and a zero", choices=(32, 64, 128, 256),
+    group_size: int = setting(32, "int8 / int4: weights per group sharing a scale (int4: and a zero)",
+                              choices=(32, 64, 128, 256),
                               metavar="N")
 
 
