@@ -155,6 +155,8 @@ class LeanStep:
             self.sin = torch.cat([sin, torch.zeros_like(sin[:1])])
         self.zero, self.minus_inf = (torch.full((), v, dtype=weight.dtype, device=weight.device)
                                      for v in (0.0, float("-inf")))
+        # kernels.c reads the rotation tables at each row's column unchecked: every column of the cache must have a row
+        self.native = self.native and (self.cos is None or self.cos.shape[0] > self.buffer.shape[-2])
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, columns: int, first: int = 0) -> torch.Tensor:
         """tokens, lengths (R,) -> logits (R, V)."""
