@@ -146,3 +146,27 @@ def test_the_portable_builds_step_attention_and_norm_have_the_same_bits(monkeypa
         outputs.append((cache, heads, out, kernels.rms_norm(x, w, 1e-6)))
     for a, b in zip(*outputs, strict=True):
         assert torch.equal(a, b)
+
+
+@needs_build
+def test_a_compiler_without_openmp_still_builds_the_kernels_single_threaded(fresh_library, monkeypatch, tmp_path,
+                                                                             capsys):
+    """Apple's clang refuses -fopenmp: the build is made again without it (its pragmas ignored) and said once;
+    its products have the OpenMP build's bits."""
+    real = kernels.compiler()
+    fake = tmp_path / "cc"
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo "error: unsupported option '
+                    f"'-fopenmp'\" >&2; exit 1; }}; done\nexec {real} \"$@\"\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("LMFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "compiler", lambda: str(fake))
+    single = kernels.library()
+    assert single is not None
+    assert "built without OpenMP" in capsys.readouterr().err
+    q, s, z = quantize_int4(torch.randn(32, 64, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(3, 64)
+    layer = QuantizedLinear.int4(q, s, z)
+    ours = layer(x)
+    kernels.library.cache_clear()
+    monkeypatch.setattr(kernels, "compiler", lambda: real)
+    assert torch.equal(layer(x), ours)

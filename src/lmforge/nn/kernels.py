@@ -12,8 +12,9 @@ the other's build), written atomically. ``-march=native`` picks the AVX-512 path
 loops (the same arithmetic, other bits) elsewhere. Its OpenMP threads are torch's own: torch's wheel loads its
 libgomp.so.1 first, and the build's need of that name is met by the loaded copy (one thread pool, not two).
 
-Without a C compiler, or with ``LMFORGE_KERNELS=torch`` in the environment, torch's kernels run instead, said
-once on stderr (the first case only). ``library()`` is the loaded build or None.
+A compiler without OpenMP (Apple's clang) gets a build without it, one thread a call. Without a C compiler, or
+with ``LMFORGE_KERNELS=torch`` in the environment, torch's kernels run instead, said once on stderr (the first
+case only). ``library()`` is the loaded build or None.
 """
 
 from __future__ import annotations
@@ -87,9 +88,9 @@ def build_key(cc: str, flags: tuple[str, ...]) -> str:
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
 
 
-def build(cc: str, arch: str = "native") -> Path:
+def build(cc: str, arch: str = "native", openmp: bool = True) -> Path:
     """The compiled library for this machine (``-march=arch``), built now unless it is in the cache."""
-    flags = (*FLAGS, f"-march={arch}")
+    flags = (*(f for f in FLAGS if openmp or f != "-fopenmp"), f"-march={arch}")
     target = cache_dir() / "kernels" / f"{build_key(cc, flags)}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +105,20 @@ def build(cc: str, arch: str = "native") -> Path:
     return target
 
 
+def build_here(cc: str) -> Path:
+    """``build``, and where the compiler has no OpenMP (Apple's clang) the build without it: one thread a call,
+    said on stderr."""
+    try:
+        return build(cc)
+    except OSError as err:
+        try:
+            path = build(cc, openmp=False)
+        except OSError:
+            raise err from None
+        print(f"lmforge: kernels.c built without OpenMP (one thread a product): {err}", file=sys.stderr)
+        return path
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """kernels.c built for this machine and loaded, or None (torch's kernels then: no compiler, or the setting)."""
@@ -113,7 +128,7 @@ def library() -> ctypes.CDLL | None:
     try:
         if cc is None:
             raise OSError("no C compiler (cc) on the PATH")
-        return load(build(cc))
+        return load(build_here(cc))
     except (OSError, subprocess.SubprocessError) as err:
         print(f"lmforge: quantized products use torch's kernels (kernels.c not built: {err})", file=sys.stderr)
         return None
