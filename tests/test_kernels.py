@@ -131,17 +131,19 @@ def test_the_step_attention_writes_the_cache_and_attends_as_the_reference(rotary
 
 @needs_build
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build is x86-64's baseline")
-def test_the_portable_builds_step_attention_and_norm_have_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("d", [48, 64])
+def test_the_portable_builds_step_attention_and_norm_have_the_same_bits(monkeypatch, d):
+    """Heads of 48 (the plain loops on both) and of 64 (the AVX-512 build's unrolled weighted values)."""
     native = kernels.library()
     portable = kernels.load(kernels.build(kernels.compiler(), "x86-64"))
     g = torch.Generator().manual_seed(4)
-    kv, qkv = torch.randn(2, 2, 3, 40, 48, generator=g), torch.randn(2, 15, 48, generator=g)
-    cos, sin = rotary_tables(64, 48)
+    kv, qkv = torch.randn(2, 2, 3, 40, d, generator=g), torch.randn(2, 15, d, generator=g)
+    cos, sin = rotary_tables(64, d)
     x, w = torch.randn(2, 100, generator=g), torch.rand(100, generator=g)
     outputs = []
     for lib in (native, portable):
         monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
-        cache, heads, out = kv.clone(), qkv.clone(), torch.empty(2, 9 * 48)
+        cache, heads, out = kv.clone(), qkv.clone(), torch.empty(2, 9 * d)
         kernels.decode_attention(heads, 9, cos, sin, torch.tensor([39, 3]), cache, 0, 0.1, out)
         outputs.append((cache, heads, out, kernels.rms_norm(x, w, 1e-6)))
     for a, b in zip(*outputs, strict=True):

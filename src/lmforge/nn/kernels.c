@@ -235,6 +235,37 @@ void lmforge_rms_norm(const float *x, int64_t m, int64_t d, const float *w, floa
     }
 }
 
+/* o (dh) = sum_c e_c V_c / total over the columns in order, lane by lane (a head's weighted values) */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void weigh_vectors(const float *e, const float *values, int64_t columns,
+                                                               const int vectors, float total, float *o) {
+    __m512 acc[8];  /* held in registers: the sums never go through memory column by column */
+    for (int v = 0; v < vectors; v++) acc[v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < columns; c++) {
+        const __m512 weight = _mm512_set1_ps(e[c]);
+        for (int v = 0; v < vectors; v++)
+            acc[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(values + (c * vectors + v) * LANES), acc[v]);
+    }
+    for (int v = 0; v < vectors; v++) _mm512_storeu_ps(o + v * LANES, _mm512_div_ps(acc[v], _mm512_set1_ps(total)));
+}
+#endif
+
+static void weigh_values(const float *e, const float *values, int64_t columns, int64_t dh, float total, float *o) {
+#if defined(__AVX512F__)
+    switch (dh) {  /* the usual head widths, unrolled */
+    case 32: weigh_vectors(e, values, columns, 2, total, o); return;
+    case 64: weigh_vectors(e, values, columns, 4, total, o); return;
+    case 128: weigh_vectors(e, values, columns, 8, total, o); return;
+    default: break;
+    }
+#endif
+    float acc[dh];
+    for (int64_t i = 0; i < dh; i++) acc[i] = 0;
+    for (int64_t c = 0; c < columns; c++)
+        for (int64_t i = 0; i < dh; i++) acc[i] = __builtin_fmaf(e[c], values[c * dh + i], acc[i]);
+    for (int64_t i = 0; i < dh; i++) o[i] = acc[i] / total;
+}
+
 /* One decoding step's attention for rows b < rows, each one new token at column lengths[b] of slot first + b:
  *   qkv (rows, h + 2 hkv, dh)      the token's query, key and value heads (its in-projection)
  *   cos, sin (positions, dh)       rotary tables (sin with rotate_half's sign: its first half negated), or NULL
@@ -281,11 +312,7 @@ void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, 
                 row[c] = __builtin_expf(row[c] - top);
                 total += row[c];
             }
-            float *restrict o = out + (b * h + g * group + j) * dh, acc[dh];
-            for (int64_t i = 0; i < dh; i++) acc[i] = 0;
-            for (int64_t c = 0; c < columns; c++)
-                for (int64_t i = 0; i < dh; i++) acc[i] = __builtin_fmaf(row[c], values[c * dh + i], acc[i]);
-            for (int64_t i = 0; i < dh; i++) o[i] = acc[i] / total;
+            weigh_values(row, values, columns, dh, total, out + (b * h + g * group + j) * dh);
         }
         __builtin_free(scores);
     }
