@@ -11,7 +11,7 @@ from lmforge import reference
 from lmforge.generation.engine import Engine
 from lmforge.models import Decoder, get_preset
 from lmforge.nn import kernels
-from lmforge.nn.quant import QuantizedLinear, quantize, quantize_int4, quantize_int8
+from lmforge.nn.quant import QuantizedEmbedding, QuantizedLinear, quantize, quantize_int4, quantize_int8
 from lmforge.reference.quant import dequantize_int4, dequantize_int8, quantized_linear
 from test_engine import assert_batched_equals_alone
 
@@ -196,16 +196,31 @@ def llama() -> Decoder:
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_quantize_replaces_every_linear_and_makes_the_head_int8(kind):
-    """Every linear layer quantized; the head (300 rows: the vocabulary) int8 whatever the kind, its own copy of
-    the tied embedding, which keeps its float32 rows for lookups."""
+def test_quantize_replaces_every_linear_and_makes_the_head_int8(kind, layout):
+    """Every linear layer quantized; the head (300 rows: the vocabulary) int8 whatever the kind, quantized from
+    the tied embedding, whose lookups then read the head's rows (its float32 matrix gone): each within a step of
+    the float row; ``state_dict`` still gives the embedding as float32 rows."""
     model = llama()
     embedding = model.tok_emb.weight.detach().clone()
     assert quantize(model, kind) == []
     layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
-    assert len(layers) == 9 and not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert layers["lm_head.proj"].kind == "int8" and layers["layers.0.ffn.fc1"].kind == kind
-    assert torch.equal(model.tok_emb.weight, embedding) and model.tok_emb.weight.dtype == torch.float32
+    assert len(layers) == 9 and not any(isinstance(m, nn.Linear | nn.Embedding) for m in model.modules())
+    head = layers["lm_head.proj"]
+    assert head.kind == "int8" and layers["layers.0.ffn.fc1"].kind == kind
+    assert isinstance(model.tok_emb, QuantizedEmbedding) and not list(model.tok_emb.parameters())
+    ids = torch.tensor([[0, 5, 299], [7, 7, 1]])
+    assert torch.equal(model.tok_emb(ids), head.dequantized()[ids])
+    step = np.repeat(head.group_scales().double().numpy(), head.group, axis=1)  # (V, D)
+    # within a step (half of it; plus half a group's, itself smaller, where torch's layout merged the groups)
+    assert (np.abs(head.dequantized().double().numpy() - embedding.double().numpy()) <= step * (1 + 1e-12)).all()
+    assert torch.equal(model.state_dict()["tok_emb.weight"], head.dequantized())
+
+
+def test_an_untied_or_float_head_leaves_the_embedding_float():
+    untied = get_preset("gpt-tiny", vocab_size=304, dropout=0.0, attention_dropout=0.0, tie_embeddings=False)
+    for model, head in ((Decoder(untied).eval(), "int8"), (llama(), None)):
+        quantize(model, "int4", head=head)
+        assert isinstance(model.tok_emb, nn.Embedding)
 
 
 def test_quantize_names_the_layers_it_leaves_float():

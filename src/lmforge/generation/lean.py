@@ -139,7 +139,7 @@ class LeanStep:
         attention = model.layers[0].self_attn
         self.h, self.h_kv, self.d = attention.n_heads, attention.n_kv_heads, attention.d_qk
         self.scale = attention.scale
-        weight = model.tok_emb.weight
+        weight = next(p for p in model.parameters() if p.is_floating_point())  # the model's float dtype and device
         heads = self.h + 2 * self.h_kv
         # the index of a layer's new keys and values, (part, head) of each of the 2 H_kv heads: part 0 keys, 1 values
         self.part = torch.arange(2, device=weight.device).repeat_interleave(self.h_kv)[None]  # (1, 2 H_kv)
@@ -161,7 +161,7 @@ class LeanStep:
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, columns: int, first: int = 0) -> torch.Tensor:
         """tokens, lengths (R,) -> logits (R, V)."""
         model, rows = self.model, tokens.shape[0]
-        x = F.embedding(tokens, model.tok_emb.weight)  # (R, D)
+        x = model.tok_emb(tokens)  # (R, D)
         if model.pos_emb is not None:
             x = x + F.embedding(lengths, model.pos_emb.embedding.weight)
         targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go

@@ -188,6 +188,6 @@ class Decoder(nn.Module):
     ) -> list[LayerCache]:
         """Empty per-layer KV caches for up to max_len positions (prompt + generated)."""
         check_length(max_len, self.config.max_positions, "cache")
-        weight = self.tok_emb.weight
+        weight = next(p for p in self.parameters() if p.is_floating_point())  # a quantized model's embedding has none
         dtype, device = dtype or weight.dtype, device or weight.device
         return [layer.new_cache(batch, max_len, 0, dtype, device) for layer in self.layers]

@@ -221,6 +221,10 @@ def load_pretrained(directory: str | os.PathLike, device: str | torch.device | N
     for name, layer in quantized.items():  # the float layer (never written) goes, the quantized one comes
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, layer)
+    if quantized:
+        from lmforge.nn.quant import tie_embedding
+
+        tie_embedding(model)  # as ``quantize`` left it: the embedding's rows from the int8 head
     if device is not None:
         model.to(device)
     return model.eval()

@@ -260,6 +260,15 @@ class QuantizedLinear(nn.Module):
             return kernels.unpack_int8(self.weight, self.scales)[1][:, :: self.group // kernels.BLOCK].contiguous()
         return self.scales.reshape(self.out_features, -1)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """int8: the dequantized rows Ŵ[ids] (..., K) float32, exact (a lookup: a tied head's rows are the token
+        embeddings, ``QuantizedEmbedding``)."""
+        if self.layout == "lmforge":  # weight (N/16, K, 16), scales (N/16, K/32, 16)
+            tile, lane = ids // 16, ids % 16
+            q, s = self.weight[tile, :, lane], self.scales[tile, :, lane]  # (..., K), (..., K/32)
+            return (q.float().unflatten(-1, (-1, kernels.BLOCK)) * s.float()[..., None]).flatten(-2)
+        return self.weight[ids].float() * self.scales.reshape(self.out_features, -1)[ids].float()
+
     def scales_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
         """int4: scales and zeros (N, K / group) bfloat16."""
         if self.layout == "lmforge":
@@ -311,6 +320,40 @@ class QuantizedLinear(nn.Module):
                f"bias={self.bias is not None}, layout={self.layout}"
 
 
+class QuantizedEmbedding(nn.Module):
+    """Token embeddings looked up in a tied LM head's int8 rows, E[t] = Ŵ[t] (exact: q s): a quantized model then
+    holds its vocabulary matrix once, in int8, instead of a float32 embedding beside the head's int8 copy. The
+    head stays ``lm_head``'s own module (saved there); ``state_dict`` gives ``weight`` as the float32 rows, so a
+    saved directory reads as it always did, and loading one ties the embedding again (``tie_embedding``)."""
+
+    def __init__(self, head: QuantizedLinear) -> None:
+        super().__init__()
+        object.__setattr__(self, "head", head)  # not a submodule: its tensors are saved once, under lm_head
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.rows(ids)  # (..., D)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        destination[prefix + "weight"] = self.head.rows(torch.arange(self.num_embeddings))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, the int8 rows of the tied head"
+
+
+def tie_embedding(model: nn.Module) -> bool:
+    """A decoder whose LM head is tied to its embedding and now an int8 ``QuantizedLinear``: the embedding looks
+    its rows up in the head (``QuantizedEmbedding``) and its float32 matrix goes. Whether it was done."""
+    head = getattr(getattr(model, "lm_head", None), "proj", None)
+    config = getattr(model, "config", None)
+    if not (isinstance(getattr(model, "tok_emb", None), nn.Embedding) and type(head) is QuantizedLinear
+            and head.kind == "int8" and getattr(config, "tie_embeddings", False)
+            and head.out_features == model.tok_emb.num_embeddings):
+        return False
+    model.tok_emb = QuantizedEmbedding(head)
+    return True
+
+
 def layout(model: nn.Module) -> dict[str, str]:
     """{layer name: "int8" | "int4"} of a model's quantized layers (what a saved directory's config.json keeps)."""
     return {name: m.kind for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
@@ -319,8 +362,8 @@ def layout(model: nn.Module) -> dict[str, str]:
 def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None = "int8") -> list[str]:
     """Replace every float ``nn.Linear`` of ``model`` (a CPU model: the loader checks, ``interop.directories``)
     by a ``QuantizedLinear`` in place; the names of the layers left float (a shape the kernels cannot hold)
-    with why. A tied LM head gets its own quantized copy of the embedding matrix; the embedding keeps its float
-    weight for lookups.
+    with why. A tied LM head gets its own quantized copy of the embedding matrix, and, int8, becomes the
+    embedding's too (``tie_embedding``: lookups of its rows; the float32 matrix goes).
 
     head: the format of the layers that score the vocabulary (out_features = the rows of the model's largest
     embedding: the LM head), None for float. int8 by default whatever ``kind``: on SmolLM2 an int4 head costs
@@ -342,4 +385,5 @@ def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None =
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr,
                     QuantizedLinear.from_linear(linear, this, group))
+    tie_embedding(model)
     return kept

@@ -39,6 +39,7 @@ from torch import nn
 
 from lmforge.errors import LmforgeError
 from lmforge.nn.pooling import mean_pool
+from lmforge.nn.quant import QuantizedEmbedding
 from lmforge.workflows.inspect import backbone, device_of
 
 POOLINGS = ("mean", "cls", "last")
@@ -159,6 +160,8 @@ def input_embeddings(model: nn.Module) -> torch.Tensor:
             module = getattr(module, part, None)
         if isinstance(module, nn.Embedding):
             return module.weight.detach().float().cpu()
+        if isinstance(module, QuantizedEmbedding):  # a quantized model's rows, read from its int8 head
+            return module(torch.arange(module.num_embeddings)).cpu()
     raise LmforgeError(f"--model: found no input embeddings in a {type(core).__name__}")
 
 
