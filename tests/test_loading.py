@@ -215,3 +215,32 @@ def test_quantizing_a_vocabulary_head_peaks_within_its_float_weights_size():
     peak = int(subprocess.run([sys.executable, "-c", QUANTIZE], capture_output=True, text=True, env=env,
                               timeout=300, check=True).stdout)
     assert peak <= 0.75 * 49152 * 576 * 4, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_a_tied_q8_0_embedding_loads_as_the_int4_models_int8_head_without_a_float_matrix(tmp_path):
+    """``--dtype int4`` of a GGUF file whose tied embedding is Q8_0: the head is an int8 layer of the file's own
+    integers (d rounded to bfloat16: a weight moves by at most 2^-8 of itself), the embedding's lookups read its
+    rows, and no float32 embedding is ever made; the logits follow those of the same file loaded as float32 and
+    then quantized (whose head requantizes the dequantized embedding), to a small fraction of their spread."""
+    pytest.importorskip("gguf", reason="the gguf package (lmforge[gguf], in the dev extra) writes GGUF files")
+    from lmforge.interop.gguf import read_gguf, write_gguf
+    from lmforge.interop.gguf_file import dequantize
+    from lmforge.nn.quant import QuantizedEmbedding, QuantizedLinear, quantize
+
+    model = llama(vocab=304)
+    path = write_gguf(tmp_path / "m.gguf", llama_config_from_decoder(model.config),
+                      llama_state_from_decoder(model.state_dict(), model.config), byte_tokenizer(304), None, "q8_0")
+    ours, _ = lmforge.load(path, dtype="int4")
+    assert isinstance(ours.tok_emb, QuantizedEmbedding) and ours.tok_emb.head is ours.lm_head.proj
+    assert type(ours.lm_head.proj) is QuantizedLinear and ours.lm_head.proj.kind == "int8"
+    file = read_gguf(path).file
+    info = next(t for t in file.tensors if t.name == "token_embd.weight")
+    stored = torch.from_numpy(dequantize(file.raw(info), info.kind, (304, 64)))  # d q in float32
+    rows = ours.tok_emb(torch.arange(304))
+    assert ((rows - stored).abs() <= 2 ** -8 * stored.abs()).all()
+    reference, _ = lmforge.load(path)
+    quantize(reference, "int4")
+    with torch.no_grad():
+        ids = torch.tensor([[1, 5, 9, 200, 3]])
+        expected = reference(ids).logits
+        torch.testing.assert_close(ours(ids).logits, expected, atol=0.02 * expected.std().item(), rtol=0)

@@ -39,7 +39,7 @@ import torch
 
 from lmforge.errors import LmforgeError
 from lmforge.files import atomic_path
-from lmforge.interop.gguf_file import BLOCK, TYPES, GGUFFile, dequantize, int4_blocks, read_header
+from lmforge.interop.gguf_file import BLOCK, TYPES, GGUFFile, dequantize, int4_blocks, int8_blocks, read_header
 from lmforge.models.unwritten import unwritten
 
 LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -116,6 +116,23 @@ class Int4Rows:
 
 
 @dataclass
+class Int8Rows:
+    """A Q8_0 embedding kept as integers, W = d q per block of 32: the tied head's int8 layer, whose rows the
+    embedding's lookups read (``nn.quant.QuantizedEmbedding``), never a float32 matrix. q (V, D) int8, d
+    (V, D / 32) float32."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+
+    def layer(self) -> torch.nn.Module:
+        """The int8 layer of these integers (group 32); d becomes bfloat16, the kernels' (a weight moves by at
+        most 2^-8 of itself)."""
+        from lmforge.nn.quant import QuantizedLinear
+
+        return QuantizedLinear.int8(self.q, self.scales)
+
+
+@dataclass
 class GGUFModel:
     """What a GGUF file describes: the architecture, a Hugging Face Llama config, the tokenizer's metadata, the
     chat template, and the tensors (read and dequantized on ``tensors()``)."""
@@ -157,10 +174,14 @@ class TensorReader(Mapping):
     def __iter__(self) -> Iterator[str]:
         return iter(self.infos)
 
-    def __getitem__(self, name: str) -> torch.Tensor | Int4Rows:
+    def __getitem__(self, name: str) -> torch.Tensor | Int4Rows | Int8Rows:
         t, c = self.infos[name], self.model.hf_config
         shape = tuple(reversed(t.shape))  # ggml: fastest dimension first
         raw = self.model.file.raw(t)
+        if self.int4 and kept_int8(name, t.kind, c):
+            rows = Int8Rows(*(torch.from_numpy(a) for a in int8_blocks(raw, shape)))
+            self.model.file.release(t)
+            return rows
         parts = int4_blocks(raw, t.kind, shape) if self.int4 and kept_int4(name, t.kind, shape) else \
             (dequantize(raw, t.kind, shape),)  # new arrays either way: the file's pages can go
         self.model.file.release(t)
@@ -172,6 +193,12 @@ class TensorReader(Mapping):
             return tensors[0]
         q, d, m = tensors  # (q, d, m) -> s = d, z = m + 8 d
         return Int4Rows(q, d, m + 8 * d if t.kind != "Q4_0" else m)  # Q4_1, Q4_K: x = d q + m
+
+
+def kept_int8(name: str, kind: str, hf_config: dict[str, Any]) -> bool:
+    """Whether a tensor becomes an int8 layer as stored: a tied model's Q8_0 embedding (its head: what
+    ``quantize`` makes of it anyway, int8 in groups of 32, and its lookups read the head's rows)."""
+    return kind == "Q8_0" and name == "model.embed_tokens.weight" and bool(hf_config.get("tie_word_embeddings"))
 
 
 def kept_int4(name: str, kind: str, shape: tuple[int, ...]) -> bool:
@@ -364,11 +391,12 @@ def load_gguf(path: str | os.PathLike, int4: bool = False) -> tuple[torch.nn.Mod
     the weights; only then are the tensors dequantized, one at a time, and become the Decoder's parameters (built
     ``unwritten``: no initialisation, no copy; models/unwritten.py). ``int4``: the Q4_0 / Q4_1 matrices become
     int4 layers (``nn.quant``, group 32) from their own integers, never dequantized (their float32 parameters,
-    allocated but never written, are freed untouched); the others (norms, a Q8_0 or F16 embedding) are read as
-    float32 as always."""
+    allocated but never written, are freed untouched), and a tied Q8_0 embedding the head's int8 layer, whose
+    rows the embedding's lookups read; the others (norms, an F16 embedding) are read as float32 as always."""
     from lmforge.interop.llama import decoder_config_from_llama, decoder_state_from_llama
     from lmforge.models.decoder import Decoder
     from lmforge.models.registry import load_weights
+    from lmforge.nn.quant import QuantizedEmbedding
 
     model = read_gguf(path)
     config = decoder_config_from_llama(model.hf_config, str(model.path))
@@ -380,11 +408,14 @@ def load_gguf(path: str | os.PathLike, int4: bool = False) -> tuple[torch.nn.Mod
     check_shapes(model)  # before the probe: building 10^6 layers, even on the meta device, exhausts memory
     check_position_tables(config, model)
     state = decoder_state_from_llama(model.tensors(int4=int4), config, str(model.path),
-                                     convert=lambda v: v.layer() if isinstance(v, Int4Rows) else v)
+                                     convert=lambda v: v.layer() if isinstance(v, Int4Rows | Int8Rows) else v)
     layers = {name: state.pop(name) for name in list(state) if isinstance(state[name], torch.nn.Module)}
     with unwritten():
         decoder = Decoder(config)
     load_weights(decoder, state, str(model.path), optional=tuple(layers), assign=True)
+    if "tok_emb.weight" in layers:  # the Q8_0 embedding as the tied head's int8 layer: lookups read its rows
+        decoder.lm_head.proj = layers.pop("tok_emb.weight")
+        decoder.tok_emb = QuantizedEmbedding(decoder.lm_head.proj)
     for name, layer in layers.items():  # the float nn.Linear (never written) goes; the int4 layer comes
         parent, _, attr = name.removesuffix(".weight").rpartition(".")
         setattr(decoder.get_submodule(parent), attr, layer)

@@ -25,9 +25,9 @@ differs by at most (K + 2) 2^-24 sum_k |x_k Ŵ_nk| (float32 accumulation and deq
 kernels 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (the inputs' rounding).
 
 ``quantize(model, "int4")`` replaces a model's ``nn.Linear`` layers in place, the tied LM head included (its own
-int8 copy, which the embedding's lookups then read: ``QuantizedEmbedding``): at batch 1 the 49152 x 576 head of SmolLM2 takes 7.2 ms in
-float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int4 on this 2-core machine, and an int4 head costs 7.5%
-of perplexity where an int8 one costs ~0.2% (docs/models.md). A layer
+int8 copy, which the embedding's lookups then read: ``QuantizedEmbedding``). At batch 1 the 49152 x 576 head of
+SmolLM2 took 7.2 ms in float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int4 with torch's kernels on this
+2-core machine, and an int4 head costs 7.5% of perplexity where an int8 one costs ~0.2% (docs/models.md). A layer
 the kernels cannot hold stays float and is named in what ``quantize`` returns: int4 needs out_features a
 multiple of 16 and in_features a multiple of the group (32, 64, 128 or 256); int8 needs in_features a
 multiple of 16.
