@@ -30,7 +30,7 @@ SmolLM2 took 7.2 ms in float32 (oneDNN packed), 1.6 ms in int8 and 0.9 ms in int
 2-core machine, and an int4 head costs 7.5% of perplexity where an int8 one costs ~0.2% (docs/models.md). A layer
 the kernels cannot hold stays float and is named in what ``quantize`` returns: int4 needs out_features a
 multiple of 16 and in_features a multiple of the group (32, 64, 128 or 256); int8 needs in_features a
-multiple of 16.
+multiple of 16 and of the group.
 
 Saved, a layer's ``state_dict`` holds a form no CPU's packed layout shapes (``portable``: int4 two to a byte);
 ``from_portable`` repacks it, and ``layout(model)`` names the quantized layers for a directory's config.json.
