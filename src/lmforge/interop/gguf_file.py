@@ -266,17 +266,18 @@ def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray
 
 
 def int8_blocks(raw: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0 bytes -> (q int8 (rows, K), d float32 (rows, K / 32)), x = d q: the integers as stored.
+    """Q8_0 bytes -> (q int8 (rows, K / 32, 32), d float32 (rows, K / 32)), x = d q: the integers as stored, q a
+    view of ``raw`` (no copy: its one copy is the layer's own layout, ``nn.kernels.pack_int8``).
 
     >>> block = np.frombuffer(np.float16(0.5).tobytes() + bytes(range(1, 33)), dtype=np.uint8)
     >>> q, d = int8_blocks(block, (1, 32))
-    >>> q[0, :3].tolist(), d.tolist()
+    >>> q[0, 0, :3].tolist(), d.tolist()
     ([1, 2, 3], [[0.5]])
     """
     blocks = np.ascontiguousarray(raw).reshape(-1).view(np.uint8).reshape(-1, 2 + BLOCK)  # (n_blocks, bytes)
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # (n_blocks, 1)
     rows = math.prod(shape[:-1])
-    return blocks[:, 2:].view(np.int8).reshape(shape).copy(), d.reshape(rows, -1)
+    return blocks[:, 2:].view(np.int8).reshape(rows, -1, BLOCK), d.reshape(rows, -1)
 
 
 def int4_blocks(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -229,10 +229,10 @@ def unpack_int4(w: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (N, K) int8 and scales (N, K / 32) -> (w (N / 16, K, 16): w[t, i, r] = q[16t + r, i]; scales
-    (N / 16, K / 32, 16) bfloat16)."""
-    n, k = q.shape
-    w = q.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+    """q (N, K) int8, or (N, K / 32, 32) (a view of a GGUF file's Q8_0 blocks), and scales (N, K / 32) -> (w
+    (N / 16, K, 16): w[t, i, r] = q[16t + r, i]; scales (N / 16, K / 32, 16) bfloat16): one copy of q."""
+    n, k = q.shape[0], q[0].numel()
+    w = q.reshape(n // 16, 16, k // BLOCK, BLOCK).permute(0, 2, 3, 1).contiguous().reshape(n // 16, k, 16)
     return w, scales.to(torch.bfloat16).reshape(n // 16, 16, k // BLOCK).transpose(1, 2).contiguous()
 
 

@@ -173,8 +173,9 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def int8(cls, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> QuantizedLinear:
-        """From q (N, K) int8 and scales (N, K / group), or (N,): one a row."""
-        n, k = q.shape
+        """From q (N, K) int8 (or (N, K / 32, 32): ``kernels.pack_int8``) and scales (N, K / group), or (N,): one
+        a row."""
+        n, k = q.shape[0], q[0].numel()
         scales = scales.reshape(n, -1).to(torch.bfloat16)  # (N, K/g)
         group = k // scales.shape[1]
         if cls.own_kernels(n, group):  # a scale each block of 32
@@ -184,7 +185,7 @@ class QuantizedLinear(nn.Module):
         if group < k:  # torch's int8 kernel reads one scale a row: the groups requantized to one (within its step)
             w = (q.double().reshape(n, k // group, group) * scales.double()[..., None]).reshape(n, k)
             q, scales = quantize_int8(w, k)
-        return cls(k, n, "int8", q.to(torch.int8), scales, bias, k)
+        return cls(k, n, "int8", q.reshape(n, k).to(torch.int8), scales, bias, k)
 
     @classmethod
     def int4(cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int = GROUP,
