@@ -1,16 +1,19 @@
-"""lmforge's own int8 / int4 products on a CPU (kernels.c): compiled on this machine at first use, loaded with ctypes.
+"""lmforge's own CPU kernels (kernels.c): int8 / int4 products, and a decoding step's RMSNorm, attention and whole
+layer stack; compiled on this machine at first use, loaded with ctypes.
 
 Why: at batch 1 torch's weight-only kernels (``_weight_int4pack_mm_for_cpu``, ``_weight_int8pack_mm``) take
-bfloat16 activations and run at about half of llama.cpp's pace on the same bytes (docs/benchmarks.md, issue 40).
-kernels.c reads float32 activations as they are (no rounding of x or y), unpacks each block of 32 four-bit
-weights once for four rows of x, and adds the residual in the same pass: on the 2-core AVX-512 machine of
-docs/benchmarks.md its int4 decode product is ~2x torch's.
+bfloat16 activations and ran at about half of llama.cpp's pace on the same bytes (docs/benchmarks.md, issue 40).
+kernels.c reads float32 activations as they are (no rounding of x or y), dequantizes each weight once for four
+rows of x, and adds the residual in the same pass: on the 2-core AVX-512 machine of docs/benchmarks.md a decoding
+step's products take 1.5-1.9x less time than torch's at one row (``bench/kernels.py``), and a quantized model's
+layers run in one call a step.
 
 How: ``cc -O3 -march=native -fopenmp -shared`` of kernels.c into ``$LMFORGE_CACHE/kernels/<key>.so``, the key a
 hash of the source, the compiler's version and this CPU's flags (a home folder shared by two machines never runs
 the other's build), written atomically. ``-march=native`` picks the AVX-512 path where the CPU has it, plain C
-loops (the same arithmetic, other bits) elsewhere. Its OpenMP threads are torch's own: torch's wheel loads its
-libgomp.so.1 first, and the build's need of that name is met by the loaded copy (one thread pool, not two).
+loops elsewhere: the same sums in the same order, so the same bits (tests build both). Its OpenMP threads are
+torch's own: torch's wheel loads its libgomp.so.1 first, and the build's need of that name is met by the loaded
+copy (one thread pool, not two).
 
 A compiler without OpenMP (Apple's clang) gets a build without it, one thread a call. Without a C compiler, or
 with ``LMFORGE_KERNELS=torch`` in the environment, torch's kernels run instead, said once on stderr (the first
@@ -36,7 +39,7 @@ from lmforge.files import cache_dir, move
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-ffp-contract=off")  # fused only where written
-BLOCK = 32  # int4: a scale and a zero each block of 32 inputs
+BLOCK = 32  # int8 / int4: a scale (and a zero) each block of 32 inputs
 SETTING = "LMFORGE_KERNELS"  # "torch": torch's quantized kernels instead of kernels.c
 P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {
