@@ -1,4 +1,5 @@
-/* lmforge's weight-only quantized products on a CPU: y = residual + x Ŵᵀ + b, x and y float32, Ŵ (N, K).
+/* lmforge's CPU kernels: weight-only quantized products, y = residual + x Ŵᵀ + b (x and y float32, Ŵ (N, K)), and
+ * a decoding step's RMSNorm, attention and whole layer stack (the sections after the products).
  *
  * Compiled on the machine that runs it (nn/kernels.py: cc -O3 -march=native -fopenmp), loaded with ctypes.
  *
