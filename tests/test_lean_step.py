@@ -134,10 +134,16 @@ def test_the_lean_step_gives_the_plain_steps_logits(shape):
                                    rtol=0)
 
 
-def test_a_row_stepped_alone_has_the_bits_it_has_in_the_batch():
+@pytest.mark.parametrize("kind", ["fp32", "int4"])
+def test_a_row_stepped_alone_has_the_bits_it_has_in_the_batch(kind):
     """The engine's retry of a failed step, one request at a time (``rows=[i]``), gives each row the bits the
-    batched step gave it, on 2 threads, and writes the same keys and values."""
-    model = smollm2_shaped(n_layers=3)
+    batched step gave it, on 2 threads, and writes the same keys and values (int4: the layers in one kernels.c
+    call, each row at its own slot)."""
+    model = smollm2_shaped(n_layers=3, d_model=288, vocab_size=304) if kind == "int4" else smollm2_shaped(n_layers=3)
+    if kind == "int4":
+        from lmforge.nn.quant import quantize
+
+        assert quantize(model, "int4") == []
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -148,6 +154,8 @@ def test_a_row_stepped_alone_has_the_bits_it_has_in_the_batch():
         held = [engine.scheduler.slots[i] for i in range(5)]
         args = [s.token for s in held], [s.length for s in held], [s.source for s in held]
         runner = engine.runner
+        if kind == "int4" and kernels.library() is not None:
+            assert runner.lean.native_layers() is not None  # the one-call step
         with torch.inference_mode():
             together = runner.step(*args)  # (5, V)
             cache = runner.caches.buffer.clone()
