@@ -71,56 +71,20 @@ static inline __attribute__((always_inline)) void int4_tile(const float *x, cons
         out[r] = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
 }
 
-static void int4_tile_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz,
-                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
-    for (int64_t r = 0; r < m; r += XROWS) {
-        const int64_t t = m - r < XROWS ? m - r : XROWS;
-        __m512 out[XROWS];
-        switch (t) {
-        case 4: int4_tile(x + r * k, 4, k, w, sz, out); break;
-        case 3: int4_tile(x + r * k, 3, k, w, sz, out); break;
-        case 2: int4_tile(x + r * k, 2, k, w, sz, out); break;
-        default: int4_tile(x + r * k, 1, k, w, sz, out);
-        }
-        for (int i = 0; i < t; i++) {
-            __m512 v = out[i];
-            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * tile));
-            if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + (r + i) * n + 16 * tile), v);
-            _mm512_storeu_ps(y + (r + i) * n + 16 * tile, v);
-        }
-    }
-}
 #else
-static void int4_tile_rows(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz,
-                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
-    for (int64_t r = 0; r < m; r++) {
-        float part[PARTS][LANES] = {{0}};
-        for (int64_t c = 0; c < k / 2; c++)
-            for (int l = 0; l < LANES; l++) {
-                uint32_t pair = sz[16 * (c / 16) + l];
-                float s = bf16_float((uint16_t)pair), z = bf16_float((uint16_t)(pair >> 16));
-                uint8_t byte = w[16 * c + l];
-                float *acc = &part[c % PARTS][l];
-                *acc = __builtin_fmaf(x[r * k + 2 * c], __builtin_fmaf((float)(byte & 15) - 8, s, z), *acc);
-                *acc = __builtin_fmaf(x[r * k + 2 * c + 1], __builtin_fmaf((float)(byte >> 4) - 8, s, z), *acc);
-            }
+/* the portable loops: row x's four partial sums of one tile (part[p][lane]), in the order the vector code keeps */
+static void int4_parts(const float *x, int64_t k, const uint8_t *w, const uint32_t *sz, float part[PARTS][LANES]) {
+    for (int64_t c = 0; c < k / 2; c++)
         for (int l = 0; l < LANES; l++) {
-            float v = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
-            if (bias) v = v + bias[16 * tile + l];
-            if (residual) v = residual[r * n + 16 * tile + l] + v;
-            y[r * n + 16 * tile + l] = v;
+            uint32_t pair = sz[16 * (c / 16) + l];
+            float s = bf16_float((uint16_t)pair), z = bf16_float((uint16_t)(pair >> 16));
+            uint8_t byte = w[16 * c + l];
+            float *acc = &part[c % PARTS][l];
+            *acc = __builtin_fmaf(x[2 * c], __builtin_fmaf((float)(byte & 15) - 8, s, z), *acc);
+            *acc = __builtin_fmaf(x[2 * c + 1], __builtin_fmaf((float)(byte >> 4) - 8, s, z), *acc);
         }
-    }
 }
 #endif
-
-/* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 32); bias, residual may be NULL */
-void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
-                     const float *bias, const float *residual, float *y, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t tile = 0; tile < n / 16; tile++)
-        int4_tile_rows(x, m, k, w + tile * 8 * k, sz + tile * 16 * (k / 32), n, tile, bias, residual, y);
-}
 
 /* ---- int8 ------------------------------------------------------------------------------------------------ */
 /* Layout: tiles of 16 output rows, input by input: w[t][i][r] = q[16t + r][i]; s[t][b][r] the bfloat16 scale of
@@ -147,17 +111,39 @@ static inline __attribute__((always_inline)) void int8_tile(const float *x, cons
     for (int r = 0; r < t; r++)
         out[r] = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
 }
+#else
+static void int8_parts(const float *x, int64_t k, const int8_t *w, const uint16_t *scales, float part[PARTS][LANES]) {
+    for (int64_t i = 0; i < k; i++)
+        for (int l = 0; l < LANES; l++) {
+            const float q = (float)w[16 * i + l] * bf16_float(scales[16 * (i / 32) + l]);
+            part[i % PARTS][l] = __builtin_fmaf(x[i], q, part[i % PARTS][l]);
+        }
+}
+#endif
 
-static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales,
-                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+/* ---- a tile's outputs, either kind ----------------------------------------------------------------------- */
+/* y[r][16 tile ..] = residual + (the tile's products + bias) for every row r of x; kind 4 or 8 (a constant where
+ * inlined: each entry point below gets its own copy) */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void tile_products(const float *x, const int t, int64_t k,
+                                                                const void *w, const void *scales, const int kind,
+                                                                __m512 *out) {
+    if (kind == 4) int4_tile(x, t, k, w, scales, out);
+    else int8_tile(x, t, k, w, scales, out);
+}
+
+static inline __attribute__((always_inline)) void tile_rows(const float *x, int64_t m, int64_t k, const void *w,
+                                                            const void *scales, const int kind, int64_t n,
+                                                            int64_t tile, const float *bias, const float *residual,
+                                                            float *y) {
     for (int64_t r = 0; r < m; r += XROWS) {
         const int64_t t = m - r < XROWS ? m - r : XROWS;
         __m512 out[XROWS];
-        switch (t) {
-        case 4: int8_tile(x + r * k, 4, k, w, scales, out); break;
-        case 3: int8_tile(x + r * k, 3, k, w, scales, out); break;
-        case 2: int8_tile(x + r * k, 2, k, w, scales, out); break;
-        default: int8_tile(x + r * k, 1, k, w, scales, out);
+        switch (t) {  /* a constant count of rows for each call: the partial sums stay in registers */
+        case 4: tile_products(x + r * k, 4, k, w, scales, kind, out); break;
+        case 3: tile_products(x + r * k, 3, k, w, scales, kind, out); break;
+        case 2: tile_products(x + r * k, 2, k, w, scales, kind, out); break;
+        default: tile_products(x + r * k, 1, k, w, scales, kind, out);
         }
         for (int i = 0; i < t; i++) {
             __m512 v = out[i];
@@ -168,15 +154,12 @@ static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w
     }
 }
 #else
-static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales,
-                           int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+static void tile_rows(const float *x, int64_t m, int64_t k, const void *w, const void *scales, const int kind,
+                      int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
     for (int64_t r = 0; r < m; r++) {
         float part[PARTS][LANES] = {{0}};
-        for (int64_t i = 0; i < k; i++)
-            for (int l = 0; l < LANES; l++) {
-                const float q = (float)w[16 * i + l] * bf16_float(scales[16 * (i / 32) + l]);
-                part[i % PARTS][l] = __builtin_fmaf(x[r * k + i], q, part[i % PARTS][l]);
-            }
+        if (kind == 4) int4_parts(x + r * k, k, w, scales, part);
+        else int8_parts(x + r * k, k, w, scales, part);
         for (int l = 0; l < LANES; l++) {
             float v = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
             if (bias) v = v + bias[16 * tile + l];
@@ -188,11 +171,19 @@ static void int8_tile_rows(const float *x, int64_t m, int64_t k, const int8_t *w
 #endif
 
 /* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 32); bias, residual may be NULL */
+void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
+                     const float *bias, const float *residual, float *y, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t tile = 0; tile < n / 16; tile++)
+        tile_rows(x, m, k, w + tile * 8 * k, sz + tile * 16 * (k / 32), 4, n, tile, bias, residual, y);
+}
+
+/* the same for int8 */
 void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
                      const float *bias, const float *residual, float *y, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t tile = 0; tile < n / 16; tile++)
-        int8_tile_rows(x, m, k, w + tile * 16 * k, scales + tile * 16 * (k / 32), n, tile, bias, residual, y);
+        tile_rows(x, m, k, w + tile * 16 * k, scales + tile * 16 * (k / 32), 8, n, tile, bias, residual, y);
 }
 
 /* ---- a decoding step's other work (float32) -------------------------------------------------------------- */
@@ -207,7 +198,8 @@ static inline float dot(const float *a, const float *b, int64_t n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         lane = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), lane, m);
     }
-    __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lane), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lane), 1)));
+    const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lane), 1));  /* lanes 8..15 */
+    __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lane), upper);
     __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
     __m128 pairs = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));  /* (l0 + l2, l1 + l3, ..) */
     return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));

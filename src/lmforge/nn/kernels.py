@@ -149,27 +149,16 @@ def pointer(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def int4_mm(x: torch.Tensor, w: torch.Tensor, pairs: torch.Tensor, bias: torch.Tensor | None,
+def product(kind: str, x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
             residual: torch.Tensor | None) -> torch.Tensor:
-    """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w and pairs in kernels.c's int4 layout
-    (``pack_int4``); residual (M, N) or None. -> (M, N) float32."""
+    """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w and scales in kernels.c's ``kind`` layout ("int4":
+    ``pack_int4``'s weight and scale-zero pairs; "int8": ``pack_int8``'s); residual (M, N) or None. -> (M, N)
+    float32."""
     m, k = x.shape
-    n = pairs.shape[0] * 16
-    y = x.new_empty(m, n)
-    library().lmforge_int4_mm(x.data_ptr(), m, k, w.data_ptr(), pairs.data_ptr(), n, pointer(bias),
-                              pointer(residual), y.data_ptr(), torch.get_num_threads())
-    return y
-
-
-def int8_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-            residual: torch.Tensor | None) -> torch.Tensor:
-    """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w and scales in kernels.c's int8 layout
-    (``pack_int8``)."""
-    m, k = x.shape
-    n = w.shape[0] * 16
-    y = x.new_empty(m, n)
-    library().lmforge_int8_mm(x.data_ptr(), m, k, w.data_ptr(), scales.data_ptr(), n, pointer(bias),
-                              pointer(residual), y.data_ptr(), torch.get_num_threads())
+    y = x.new_empty(m, w.shape[0] * 16)  # w's first axis: the tiles of 16 rows
+    call = library().lmforge_int4_mm if kind == "int4" else library().lmforge_int8_mm
+    call(x.data_ptr(), m, k, w.data_ptr(), scales.data_ptr(), y.shape[1], pointer(bias), pointer(residual),
+         y.data_ptr(), torch.get_num_threads())
     return y
 
 

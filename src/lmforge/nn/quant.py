@@ -220,14 +220,13 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x Ŵᵀ + b, or residual + (x Ŵᵀ + b) in the same call: x (..., K) -> (..., N)."""
         if self.layout == "lmforge":
-            product = kernels.int8_mm if self.kind == "int8" else kernels.int4_mm
             if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and (residual is None or (
                     residual.dtype == torch.float32 and residual.is_contiguous())):  # a decoding step's case
-                return product(x, self.weight, self.scales, self.bias, residual)
+                return kernels.product(self.kind, x, self.weight, self.scales, self.bias, residual)
             rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
             if residual is not None:
                 residual = residual.reshape(-1, self.out_features).to(torch.float32).contiguous()
-            y = product(rows, self.weight, self.scales, self.bias, residual)
+            y = kernels.product(self.kind, rows, self.weight, self.scales, self.bias, residual)
             return y.to(x.dtype if x.is_floating_point() else torch.float32).reshape(*x.shape[:-1], -1)
         rows = x.reshape(-1, self.in_features)
         xb = rows.new_empty(rows.shape, dtype=torch.bfloat16).copy_(rows)  # (M, K): a fresh, aligned copy
