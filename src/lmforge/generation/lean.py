@@ -128,11 +128,7 @@ class LeanStep:
                  add_product: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = add_product,
                  native: bool = False) -> None:
         self.model, self.buffer, self.add_product = model, caches.buffer, add_product
-        # kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several
-        self.native = native and kernels.library() is not None and self.buffer.device.type == "cpu" \
-            and self.buffer.dtype == torch.float32
         self._stack: tuple[list, ctypes.Array | None] | None = None  # ``native_layers``: (modules, description)
-        self.eps = 0.0
         # the attention as one fused call (F.scaled_dot_product_attention with the bias as its mask) instead of the
         # four above: fewer kernels on a GPU, to be chosen by measurement there (bench/gpu_step.py --attention)
         self.fused = False
@@ -155,8 +151,10 @@ class LeanStep:
             self.sin = torch.cat([sin, torch.zeros_like(sin[:1])])
         self.zero, self.minus_inf = (torch.full((), v, dtype=weight.dtype, device=weight.device)
                                      for v in (0.0, float("-inf")))
-        # kernels.c reads the rotation tables at each row's column unchecked: every column of the cache must have a row
-        self.native = self.native and (self.cos is None or self.cos.shape[0] > self.buffer.shape[-2])
+        # kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several;
+        # it reads the rotation tables at each row's column unchecked: every column of the cache must have a row
+        self.native = native and kernels.library() is not None and self.buffer.device.type == "cpu" \
+            and self.buffer.dtype == torch.float32 and (self.cos is None or self.cos.shape[0] > self.buffer.shape[-2])
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, columns: int, first: int = 0) -> torch.Tensor:
         """tokens, lengths (R,) -> logits (R, V)."""
@@ -164,12 +162,12 @@ class LeanStep:
         x = model.tok_emb(tokens)  # (R, D)
         if model.pos_emb is not None:
             x = x + F.embedding(lengths, model.pos_emb.embedding.weight)
-        targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
         if self.native and (stack := self.native_layers()) is not None:  # every layer in one kernels.c call
             x = x.contiguous()
-            kernels.decode_layers(x, stack, self.eps, self.h, self.cos, self.sin, lengths, self.buffer, first,
-                                  self.scale)
+            eps = model.layers[0].norm1.eps  # every norm's (``native_layers``)
+            kernels.decode_layers(x, stack, eps, self.h, self.cos, self.sin, lengths, self.buffer, first, self.scale)
             return model.head(self.normalize(model.norm_f, x))  # (R, V)
+        targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
         if self.native:  # rotation, cache write and attention in one kernels.c call a layer
             out = x.new_empty(rows, self.h * self.d)  # (R, H d)
             attends = [functools.partial(self.attend_native, target=target, lengths=lengths, first=first, out=out)
@@ -200,7 +198,6 @@ class LeanStep:
             all(modules[3].gated for modules in held) and self.model.pos_emb is None
         stack = None
         if fit:
-            self.eps = norms[0].eps
             stack = (kernels.Layer * len(held))(*[kernels.Layer(
                 n1.weight.data_ptr(), n2.weight.data_ptr(), *(kernels.product_of(m) for m in (qkv, out, up, down)))
                 for n1, n2, _, _, qkv, out, up, down in held])
