@@ -16,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lmforge.generation.engine import Engine, Request
+from lmforge.generation.lean import LeanStep
 from lmforge.models import Decoder, get_preset
 from lmforge.nn import kernels
 
@@ -119,16 +120,30 @@ def decoded(model: Decoder, runner: str | None, work: list[list[int]], dtype=tor
     return [g.logits for g in handles]
 
 
+MIXED = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]  # prompts of mixed lengths
+
+
+def lean_logits(model: Decoder, **settings) -> tuple[list[torch.Tensor], LeanStep]:
+    """The logits (6, V) of each of ``MIXED`` decoded together by the CPU engine, its lean step's attributes set
+    first (``settings``: fused, native, native_layers); and that lean step."""
+    engine = Engine(model, slots=8)
+    lean = engine.runner.lean
+    for name, value in settings.items():
+        setattr(lean, name, value)
+    handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in MIXED]
+    engine.run()
+    return [torch.stack(h.logits) for h in handles], lean
+
+
 @pytest.mark.parametrize("shape", ["smollm2", "gpt2", "float64"])
 def test_the_lean_step_gives_the_plain_steps_logits(shape):
     """Every logit of 5 requests of mixed lengths decoded together: the lean step (the CPU engine's) and the model's
     own forward (runner="eager") agree to float rounding (float64: to 1e-12, the same equations)."""
     model = gpt2_shaped() if shape == "gpt2" else smollm2_shaped(n_layers=4)
     dtype = torch.float64 if shape == "float64" else torch.float32
-    work = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]
     engine = Engine(model.to(dtype), slots=8)
     assert engine.runner.lean is not None
-    lean, plain = decoded(model, None, work, dtype), decoded(model, "eager", work, dtype)
+    lean, plain = decoded(model, None, MIXED, dtype), decoded(model, "eager", MIXED, dtype)
     for a, b in zip(lean, plain, strict=True):
         torch.testing.assert_close(torch.stack(a), torch.stack(b), atol=1e-12 if shape == "float64" else 1e-5,
                                    rtol=0)
@@ -171,16 +186,8 @@ def test_the_fused_attention_gives_the_four_calls_logits():
     its mask, what a GPU may prefer) against the four calls: every logit of mixed-length requests, to float
     rounding, and the fused step still counts far fewer calls than the model's forward."""
     model = smollm2_shaped(n_layers=4)
-    work = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]
-
-    def logits(fused: bool) -> list[torch.Tensor]:
-        engine = Engine(model, slots=8)
-        engine.runner.lean.fused, engine.runner.lean.native = fused, False
-        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
-        engine.run()
-        return [torch.stack(h.logits) for h in handles]
-
-    for a, b in zip(logits(True), logits(False), strict=True):
+    fused, four = (lean_logits(model, fused=f, native=False)[0] for f in (True, False))
+    for a, b in zip(fused, four, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
@@ -189,17 +196,9 @@ def test_the_native_norm_and_attention_give_the_torch_calls_logits():
     """The CPU runner's lean step with kernels.c's RMSNorm and step attention (``native``, its default) against the
     same step in torch's calls: every logit of mixed-length requests, to float rounding."""
     model = smollm2_shaped(n_layers=4)
-    work = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]
-
-    def logits(native: bool) -> list[torch.Tensor]:
-        engine = Engine(model, slots=8)
-        assert engine.runner.lean.native
-        engine.runner.lean.native = native
-        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
-        engine.run()
-        return [torch.stack(h.logits) for h in handles]
-
-    for a, b in zip(logits(True), logits(False), strict=True):
+    (native, lean), (torch_calls, _) = lean_logits(model), lean_logits(model, native=False)
+    assert lean.native  # the default
+    for a, b in zip(native, torch_calls, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
@@ -214,21 +213,12 @@ def test_a_quantized_models_layers_in_one_kernels_call_give_the_layer_by_layer_l
     # heads of 32 and 304 tokens: every width a multiple of the int4 group, the head's rows of 16 (kernels.c's head)
     model = smollm2_shaped(n_layers=4, d_model=288, vocab_size=304)
     assert quantize(model, kind) == []
-    work = [list(range(3, 3 + n)) for n in (1, 5, 9, 17, 33)]
-
-    def logits(native: bool, stack: bool) -> list[torch.Tensor]:
-        engine = Engine(model, slots=8)
-        lean = engine.runner.lean
-        lean.native = native
-        if not stack:
-            lean.native_layers = lambda: None
-        handles = [engine.submit(Request(ids, max_new_tokens=6, stop_ids=[], keep_logits=True)) for ids in work]
-        engine.run()
+    runs = {(native, stack): lean_logits(model, native=native, **({} if stack else {"native_layers": lambda: None}))
+            for native, stack in ((True, True), (True, False), (False, False))}
+    for (native, stack), (_, lean) in runs.items():
         assert (lean._stack is not None) == (native and stack)
-        return [torch.stack(h.logits) for h in handles]
-
-    one_call = logits(True, True)
-    for other in (logits(True, False), logits(False, False)):
+    one_call = runs[True, True][0]
+    for other in (runs[True, False][0], runs[False, False][0]):
         for a, b in zip(one_call, other, strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     lean = Engine(model, slots=2).runner.lean
