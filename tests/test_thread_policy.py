@@ -32,16 +32,27 @@ def run_steps(policy: ThreadPolicy, cost: dict[int, float], n: int, now: list[fl
 
 def test_the_policy_keeps_the_faster_count_and_follows_the_machine(two_threads):
     """A second thread that only waits (a 2-thread step 3x slower than a 1-thread one: another process holds a
-    core) is dropped after the first probe; when the machine frees up, the next probe takes it back. The global
-    count is restored after every step. The first probe comes early (after ``probe`` steps), the others every
-    ``every`` steps."""
+    core) is dropped after the first probe; when the machine frees up, the next probe takes it back. The first
+    step at a new count is not timed (the threads that stopped still spin). The global count is restored after
+    every step. The first probe comes early (after ``probe`` steps), the others every ``period`` steps."""
     now = [0.0]
     policy = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0])
     used = run_steps(policy, {2: 0.030, 1: 0.010}, 10, now)
-    assert used == [2, 2, 1, 1] + [1] * 6 and policy.current == 1 and torch.get_num_threads() == 2
-    used = run_steps(policy, {2: 0.004, 1: 0.010}, 20, now)
-    assert used[:2] == [1, 1] and used[2:4] == [2, 2] and used[4:12] == [2] * 8  # then a probe of 1 again
-    assert policy.current == 2 and policy.switches == 2
+    assert used == [2, 2, 1, 1, 1] + [1] * 5 and policy.current == 1 and torch.get_num_threads() == 2
+    used = run_steps(policy, {2: 0.004, 1: 0.010}, 24, now)
+    # 3 more steps at 1 make the period; a probe of 2 (one untimed step, two timed) switches; 8 steps later a
+    # probe of 1 loses at its first timed step and ends there, and the period doubles
+    assert used == [1] * 3 + [2] * 3 + [2] * 8 + [1, 1] + [2] * 8
+    assert policy.current == 2 and policy.switches == 2 and policy.period == 16
+
+
+def test_probes_that_lose_cost_less_and_less(two_threads):
+    """On a machine where one count always wins, each probe of the other ends at its first timed step and the
+    period doubles up to 8x: 140 steps spend 12 on probes instead of 2 * 2 every 4 steps (70)."""
+    now = [0.0]
+    policy = ThreadPolicy(2, every=4, probe=2, clock=lambda: now[0])
+    used = run_steps(policy, {2: 0.004, 1: 0.010}, 140, now)
+    assert used.count(1) == 12 and policy.period == 32 and policy.switches == 0
 
 
 def test_a_count_within_10_percent_is_not_worth_a_switch(two_threads):
@@ -69,5 +80,5 @@ def test_switching_threads_changes_no_logit(two_threads):
         return [torch.stack(h.logits) for h in handles]
 
     flipping = ThreadPolicy(2, every=1, probe=1)
-    flipping.record = lambda took, probing: setattr(flipping, "current", flipping.other())  # every step flips
+    flipping.record = lambda *_, **__: setattr(flipping, "current", flipping.other())  # every step flips
     assert all(torch.equal(a, b) for a, b in zip(logits(flipping), logits(None), strict=True))

@@ -171,19 +171,25 @@ def one_thread() -> contextlib.AbstractContextManager:
 
 class ThreadPolicy:
     """A step's thread count chosen by measurement: the threads torch was given, or one when a second thread only
-    waits (another process holds a core: a 2-thread step then runs at a third of its speed, where one thread
-    keeps its own; docs/benchmarks.md). Every ``every`` steps the next ``probe`` steps run at the other count, and
-    the median of those against the median of the ``probe`` steps just before (the same requests, nearly the same
-    shapes) keeps the faster count for the next period. Only for steps whose bits do not depend on the thread
-    count (packed products, the quantized kernels): switching changes the time, never a token."""
+    waits (another process holds a core: a 2-thread step then runs at a half to a third of its speed, where one
+    thread keeps its own; docs/benchmarks.md). Every ``period`` steps the next ``probe`` steps run at the other
+    count, and the median of those against the median of the ``probe`` steps just before (the same requests,
+    nearly the same shapes) keeps the faster count. The first step after a change of count is not timed: the
+    threads that just stopped still spin for a while and slow it. A probe whose first timed step takes 1.5x the
+    current median has lost already and ends there; a probe that keeps the current count doubles the period (up
+    to ``8 * every``: probing a busy core costs), a switch sets it back to ``every``. Only for steps whose bits
+    do not depend on the thread count (packed products, the quantized kernels): switching changes the time, never
+    a token."""
 
     def __init__(self, threads: int, every: int = 128, probe: int = 4,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.counts, self.every, self.probe, self.clock = (threads, 1), every, probe, clock
         self.current = threads  # the count steps run at
+        self.period = every
         self.steps = every - probe  # steps since the last decision: the first probe comes after ``probe`` steps
         self.recent: collections.deque[float] = collections.deque(maxlen=probe)  # times at the current count
         self.trial: list[float] = []  # times at the other count, while probing
+        self.last = threads  # the count the last step ran at
         self.switches = 0
 
     def other(self) -> int:
@@ -192,29 +198,38 @@ class ThreadPolicy:
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """Run one step at the count the policy picks now (the global count restored after) and time it."""
-        probing = self.steps >= self.every and len(self.recent) == self.probe
-        with threads_at(self.other() if probing else self.current):
+        probing = self.steps >= self.period and len(self.recent) == self.probe
+        count = self.other() if probing else self.current
+        with threads_at(count):
             began = self.clock()
             try:
                 yield
             finally:
-                self.record(self.clock() - began, probing)
+                changed, self.last = count != self.last, count
+                self.record(self.clock() - began, probing, timed=not changed)
 
     def follow(self) -> contextlib.AbstractContextManager:
         """Run a call at the count steps run at now, untimed (a prefill: its shapes vary too much to compare)."""
+        self.last = self.current
         return threads_at(self.current)
 
-    def record(self, took: float, probing: bool) -> None:
+    def record(self, took: float, probing: bool, timed: bool = True) -> None:
         self.steps += 1
+        if not timed:
+            return
         if not probing:
             self.recent.append(took)
             return
         self.trial.append(took)
-        if len(self.trial) == self.probe:
-            if statistics.median(self.trial) < 0.9 * statistics.median(self.recent):
-                self.current, self.switches = self.other(), self.switches + 1
-                self.recent.clear()
-            self.trial, self.steps = [], 0
+        usual = statistics.median(self.recent)
+        if len(self.trial) < self.probe and took < 1.5 * usual:
+            return
+        trial, self.trial, self.steps = self.trial, [], 0
+        if len(trial) == self.probe and statistics.median(trial) < 0.9 * usual:
+            self.current, self.switches, self.period = self.other(), self.switches + 1, self.every
+            self.recent.clear()
+        else:
+            self.period = min(2 * self.period, 8 * self.every)
 
 
 class CpuCall(TorchFunctionMode):
