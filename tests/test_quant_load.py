@@ -120,14 +120,19 @@ def test_q4_blocks_become_int4_layers_without_being_dequantized(gguf_file, monke
     monkeypatch.setattr(module, "dequantize", lambda raw, kind, shape: read.append(kind) or
                         dequantize(raw, kind, shape))
     model, _ = load_gguf(gguf_file, int4=True)
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
-    assert len(layers) == 2 * 4 and all(m.kind == "int4" and m.group == 32 for m in layers.values())
+    tied = gguf_file.stem.endswith("tied")
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear) and m.kind == "int4"}
+    assert len(layers) == 2 * 4 and all(m.group == 32 for m in layers.values())
     floats = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    assert floats == ["lm_head.proj"]  # 300 rows: not a multiple of 16, so read as float32
-    kind, tied = gguf_file.stem[2:6].upper(), gguf_file.stem.endswith("tied")
-    assert sorted(set(read)) == ["F32", kind]  # the norms; the embedding (a lookup), an untied head
-    assert read.count(kind) == (1 if tied else 2)
-    assert (model.lm_head.proj.weight is model.tok_emb.weight) == tied
+    # an untied head of 300 rows (not a multiple of 16) is read as float32; a tied Q8_0 embedding is the int8 head
+    assert floats == ([] if tied else ["lm_head.proj"])
+    # the norms; an untied model's embedding (a lookup) and head: a 4-bit file's vocabulary matrices are Q8_0
+    # (``write_gguf``), and a tied one's is the int8 head as stored, never dequantized
+    assert sorted(read) == ["F32"] * (2 * 2 + 1) + ([] if tied else ["Q8_0"] * 2)
+    if tied:  # the head's int8 rows are the embedding's lookups
+        assert model.lm_head.proj.kind == "int8" and model.tok_emb.head is model.lm_head.proj
+    else:
+        assert model.lm_head.proj.weight is not model.tok_emb.weight
 
 
 def test_an_int4_layer_from_q4_blocks_gives_the_dequantized_weights_product(gguf_file):
@@ -164,12 +169,12 @@ def test_load_with_dtype_int4_keeps_a_gguf_q4_file_as_stored(gguf_file):
     """``lmforge.load(file, dtype="int4")`` uses the file's integers; another group size requantizes."""
     as_stored, _ = lmforge.load(gguf_file, dtype="int4")
     direct, _ = load_gguf(gguf_file, int4=True)
-    layers = [(name, m) for name, m in direct.named_modules() if isinstance(m, QuantizedLinear)]
+    layers = [(name, m) for name, m in direct.named_modules() if isinstance(m, QuantizedLinear) and m.kind == "int4"]
     assert len(layers) == 8
     for name, layer in layers:
         other = as_stored.get_submodule(name)
         assert torch.equal(other.weight, layer.weight) and torch.equal(other.scales, layer.scales), name
-    assert as_stored.lm_head.proj.kind == "int8"  # the head: 300 rows, read as float32, then int8
+    assert as_stored.lm_head.proj.kind == "int8"  # the head: the file's Q8_0 rows, or read as float32, then int8
     regrouped, _ = lmforge.load(gguf_file, dtype="int4", group_size=64)
     assert regrouped.get_submodule("layers.0.ffn.fc1").group == 64
 

@@ -143,9 +143,7 @@ class LeanStep:
         self.turns = torch.arange(heads, device=weight.device) < self.h + self.h_kv  # (H + 2 H_kv,) rotated heads
         self.cos = self.sin = None
         if model.rotary is not None:  # (N + 1, d) tables in the model's dtype; row N turns by 0 (the values)
-            exact = weight.dtype == torch.float64
-            cos = (model.rotary.cos if exact else model.rotary.cos32).to(weight.dtype)
-            sin = (model.rotary.sin if exact else model.rotary.sin32).to(weight.dtype)
+            cos, sin = (table.to(weight.dtype) for table in model.rotary.tables(weight.dtype))
             sin = torch.cat([-sin[:, : self.d // 2], sin[:, self.d // 2:]], dim=-1)  # rotate_half's signs
             self.cos = torch.cat([cos, torch.ones_like(cos[:1])])
             self.sin = torch.cat([sin, torch.zeros_like(sin[:1])])

@@ -22,6 +22,7 @@ from torch import nn
 from lmforge.errors import LmforgeError
 from lmforge.manifest import verify_manifest, write_manifest
 from lmforge.models.strategies import StrategySpec, apply_strategy, task_model
+from lmforge.models.unwritten import return_freed_memory
 from lmforge.nn.lora import LORA_TARGETS
 
 ADAPTER_FILE, ADAPTER_CONFIG = "adapter.safetensors", "adapter_config.json"
@@ -101,9 +102,8 @@ def read_model(path: str | os.PathLike, device: Any = None, tokenizer: bool = Tr
         info(f"{folder}: a GGUF file carries no checksums; every size it declares is checked against the file "
              "and the model it describes")
         check_dtype(dtype, device)
-        model, tok = load_gguf(folder, int4=dtype == "int4" and group_size == 32)
-        model = with_dtype(model.to(device) if device is not None else model, dtype, group_size)
-        return model, (tok if tokenizer else None)
+        model, tok = load_gguf(folder, int4=dtype == "int4" and group_size == 32, tokenizer=tokenizer)
+        return with_dtype(model.to(device) if device is not None else model, dtype, group_size), tok
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory (nor a .gguf file)")
     check_dtype(dtype, device)
@@ -131,20 +131,6 @@ def read_model(path: str | os.PathLike, device: Any = None, tokenizer: bool = Tr
         for p in model.parameters():  # pages quantizing has read: copied out, the mapping goes, and those pages
             p.data = p.data.clone()  # with it (513 MiB of SmolLM2 otherwise stays resident beside its int4 layers)
     return model, tok
-
-
-def return_freed_memory() -> None:
-    """Hand the heap pages a load has freed back to the system. glibc keeps the freed blocks of a load's
-    temporaries (a GGUF's dequantized parts and unpacked integers, quantization buffers, the tokenizer's JSON) for
-    reuse: 100-300 MiB that stay resident after SmolLM2 loads, until ``malloc_trim`` returns them (a few ms).
-    Without glibc (macOS, musl) nothing happens."""
-    import ctypes
-
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
 
 
 QUANTIZED = ("int8", "int4")

@@ -73,14 +73,30 @@ class RotaryEmbedding(nn.Module):
         # Two tables. float64 for float64 inputs, so that a float64 model matches the reference to 1e-10; and for
         # every other dtype the angles as Llama-family models were trained with them (and as transformers computes
         # them): inv_freq and pos * inv_freq in float32. The two differ by ~1e-7 rad per position, which moves a
-        # 30-layer model's logits by ~1e-4: matching a pretrained checkpoint means matching its arithmetic.
-        for suffix, dtype in (("", torch.float64), ("32", torch.float32)):
-            steps = torch.arange(0, d_head, 2, dtype=torch.int64).to(dtype) / d_head
-            inv_freq = 1.0 / base ** steps  # (d/2,) base^(-2j/d)
-            angle = torch.arange(max_positions, dtype=dtype)[:, None] * inv_freq  # (N, d/2)
-            angle = torch.cat([angle, angle], dim=-1)  # (N, d)
-            self.register_buffer("cos" + suffix, angle.cos(), persistent=False)
-            self.register_buffer("sin" + suffix, angle.sin(), persistent=False)
+        # 30-layer model's logits by ~1e-4: matching a pretrained checkpoint means matching its arithmetic. The
+        # float64 one is made at its first use (8 MiB for SmolLM2's 8,192 positions, 256 MiB for 131,072: most
+        # models never run in float64).
+        self.d_head, self.max_positions, self.base = d_head, max_positions, base
+        cos, sin = self.angle_tables(torch.float32)
+        self.register_buffer("cos32", cos, persistent=False)
+        self.register_buffer("sin32", sin, persistent=False)
+        self.exact: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def angle_tables(self, dtype: torch.dtype, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every position's angles, (N, d_head) each, computed in ``dtype``."""
+        steps = torch.arange(0, self.d_head, 2, dtype=torch.int64, device=device).to(dtype) / self.d_head
+        inv_freq = 1.0 / self.base ** steps  # (d/2,) base^(-2j/d)
+        angle = torch.arange(self.max_positions, dtype=dtype, device=device)[:, None] * inv_freq  # (N, d/2)
+        angle = torch.cat([angle, angle], dim=-1)  # (N, d)
+        return angle.cos(), angle.sin()
+
+    def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) (N, d_head) for a model in ``dtype``: float64's own tables, the float32 ones otherwise."""
+        if dtype != torch.float64:
+            return self.cos32, self.sin32
+        if self.exact is None or self.exact[0].device != self.cos32.device:
+            self.exact = self.angle_tables(torch.float64, self.cos32.device)
+        return self.exact
 
     @staticmethod
     def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -101,9 +117,8 @@ class RotaryEmbedding(nn.Module):
         A model looks them up once a forward and hands them to every layer (the queries and keys of all L layers
         turn by the same angles): one lookup instead of 2L, which counts in a decoding step on CPU, where the
         small operations are a third of the time."""
-        exact = dtype == torch.float64
-        cos = (self.cos if exact else self.cos32)[positions].to(dtype)  # (T, d) or (B, T, d)
-        sin = (self.sin if exact else self.sin32)[positions].to(dtype)
+        cos, sin = self.tables(dtype)
+        cos, sin = cos[positions].to(dtype), sin[positions].to(dtype)  # (T, d) or (B, T, d)
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d): broadcast over heads
         return Angles(cos, sin)
