@@ -104,7 +104,7 @@ def test_q4_k_matrices_load_as_int4_layers_of_their_own_integers(tmp_path, monke
     from lmforge.nn.quant import QuantizedLinear
 
     quantized, plain, _ = k_quant_files(tmp_path, monkeypatch, "Q4_K")
-    a, _ = load_gguf(quantized, int4=True)
+    a, _ = load_gguf(quantized, dtype="int4")
     b, _ = load_gguf(plain)
     layers = [m for m in a.modules() if isinstance(m, QuantizedLinear) and m.kind == "int4"]
     assert len(layers) == 4  # in_proj (q, k, v), out_proj, fc1 (gate, up), fc2 of the one layer

@@ -19,7 +19,7 @@ from lmforge.interop.gguf_file import int4_blocks
 from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
 from lmforge.models import Decoder, build_model, get_preset
 from lmforge.models.registry import save_pretrained
-from lmforge.nn.quant import QuantizedLinear
+from lmforge.nn.quant import QuantizedLinear, quantize
 from lmforge.reference.quant import quantized_linear
 from test_gguf import byte_tokenizer, tiny_llama
 from test_quant import product_bound
@@ -119,27 +119,23 @@ def test_q4_blocks_become_int4_layers_without_being_dequantized(gguf_file, monke
     dequantize = module.dequantize
     monkeypatch.setattr(module, "dequantize", lambda raw, kind, shape: read.append(kind) or
                         dequantize(raw, kind, shape))
-    model, _ = load_gguf(gguf_file, int4=True)
+    model, _ = load_gguf(gguf_file, dtype="int4")
     tied = gguf_file.stem.endswith("tied")
     layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear) and m.kind == "int4"}
     assert len(layers) == 2 * 4 and all(m.group == 32 for m in layers.values())
-    floats = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    # an untied head of 300 rows (not a multiple of 16) is read as float32; a tied Q8_0 embedding is the int8 head
-    assert floats == ([] if tied else ["lm_head.proj"])
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())  # the head: int8 (quantize's rule)
     # the norms; an untied model's embedding (a lookup) and head: a 4-bit file's vocabulary matrices are Q8_0
     # (``write_gguf``), and a tied one's is the int8 head as stored, never dequantized
     assert sorted(read) == ["F32"] * (2 * 2 + 1) + ([] if tied else ["Q8_0"] * 2)
-    if tied:  # the head's int8 rows are the embedding's lookups
-        assert model.lm_head.proj.kind == "int8" and model.tok_emb.head is model.lm_head.proj
-    else:
-        assert model.lm_head.proj.weight is not model.tok_emb.weight
+    assert model.lm_head.proj.kind == "int8"  # tied: the file's Q8_0 integers, whose rows the lookups read;
+    assert (getattr(model.tok_emb, "head", None) is model.lm_head.proj) == tied  # untied: its matrix quantized
 
 
 def test_an_int4_layer_from_q4_blocks_gives_the_dequantized_weights_product(gguf_file):
     """Against the float64 product of the file's weights dequantized as llama.cpp does (x = d q + m): the
     kernel's rounding (``product_bound``) plus the move of d and m + 8 d from float16 to bfloat16, at most
     2^-8 (8 d + |m + 8 d|) a weight."""
-    model, _ = load_gguf(gguf_file, int4=True)
+    model, _ = load_gguf(gguf_file, dtype="int4")
     floats, _ = load_gguf(gguf_file)
     file = read_gguf(gguf_file)
     raw = {t.name: t for t in file.file.tensors}
@@ -168,7 +164,7 @@ def test_an_int4_layer_from_q4_blocks_gives_the_dequantized_weights_product(gguf
 def test_load_with_dtype_int4_keeps_a_gguf_q4_file_as_stored(gguf_file):
     """``lmforge.load(file, dtype="int4")`` uses the file's integers; another group size requantizes."""
     as_stored, _ = lmforge.load(gguf_file, dtype="int4")
-    direct, _ = load_gguf(gguf_file, int4=True)
+    direct, _ = load_gguf(gguf_file, dtype="int4")
     layers = [(name, m) for name, m in direct.named_modules() if isinstance(m, QuantizedLinear) and m.kind == "int4"]
     assert len(layers) == 8
     for name, layer in layers:
@@ -177,6 +173,33 @@ def test_load_with_dtype_int4_keeps_a_gguf_q4_file_as_stored(gguf_file):
     assert as_stored.lm_head.proj.kind == "int8"  # the head: the file's Q8_0 rows, or read as float32, then int8
     regrouped, _ = lmforge.load(gguf_file, dtype="int4", group_size=64)
     assert regrouped.get_submodule("layers.0.ffn.fc1").group == 64
+
+
+@pytest.mark.parametrize(("written", "dtype", "group"), [("f32", "int8", 32), ("q8_0", "int4", 32),
+                                                          ("q4_1", "int8", 64), ("f32", "int4", 64)])
+def test_a_gguf_load_quantizes_each_layer_as_it_reads_it_as_quantize_would(written, dtype, group, tmp_path):
+    """``load(file, dtype=int8 | int4)`` quantizes each block matrix as it is read (no float32 model: the peak
+    is tests/test_loading.py's): every layer the same bits as the float32 load quantized whole, the same layers
+    left float (a shape the kernels cannot hold), and the same logits where the head is made the same way."""
+    model = tiny_llama(tie=True)
+    path = write_gguf(tmp_path / f"m-{written}.gguf", llama_config_from_decoder(model.config),
+                      llama_state_from_decoder(model.state_dict(), model.config), byte_tokenizer(), dtype=written)
+    streamed, _ = lmforge.load(path, dtype=dtype, group_size=group)
+    whole, _ = load_gguf(path)
+    quantize(whole, dtype, group)
+    kinds = {name: type(m).__name__ for name, m in whole.named_modules() if name.startswith("layers.")}
+    assert kinds == {name: type(m).__name__ for name, m in streamed.named_modules() if name.startswith("layers.")}
+    compared = 0
+    for name, layer in whole.named_modules():
+        if name.startswith("layers.") and isinstance(layer, QuantizedLinear):
+            other = streamed.get_submodule(name)
+            assert torch.equal(other.weight, layer.weight) and torch.equal(other.scales, layer.scales), name
+            compared += 1
+    assert compared >= 4  # every block's in_proj and out_proj (and fc1, fc2 where the group fits)
+    if not (written == "q8_0" and group == 32):  # else the head is the file's own Q8_0 integers (kept as stored)
+        ids = torch.tensor([[1, 5, 9, 200, 3]])
+        with torch.no_grad():
+            assert torch.equal(streamed(ids).logits, whole(ids).logits)
 
 
 # -- convert --quantize ------------------------------------------------------------------------------------------

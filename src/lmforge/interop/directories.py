@@ -102,7 +102,7 @@ def read_model(path: str | os.PathLike, device: Any = None, tokenizer: bool = Tr
         info(f"{folder}: a GGUF file carries no checksums; every size it declares is checked against the file "
              "and the model it describes")
         check_dtype(dtype, device)
-        model, tok = load_gguf(folder, int4=dtype == "int4" and group_size == 32, tokenizer=tokenizer)
+        model, tok = load_gguf(folder, dtype, group_size, tokenizer)
         return with_dtype(model.to(device) if device is not None else model, dtype, group_size), tok
     if not folder.is_dir():
         raise LmforgeError(f"{folder}: not a model directory (nor a .gguf file)")

@@ -13,7 +13,7 @@ Reading gives Hugging Face Llama names and layout (``interop/llama.py`` maps tho
     output -> lm_head                    blk.i.attn_norm, ffn_norm -> input_layernorm, post_attention_layernorm
 
 Two things to undo. (1) Quantisation: blocks of 32 weights share a scale (and an offset), dequantized here to
-float32 (``gguf_file.dequantize``), or, asked for int4 layers (``load_gguf(int4=True)``, ``--dtype int4``), Q4_0
+float32 (``gguf_file.dequantize``), or, asked for int4 layers (``load_gguf(dtype="int4")``, ``--dtype int4``), Q4_0
 and Q4_1 matrices kept as their integers: a block is an int4 group of 32 (``Int4Rows``, ``nn.quant``).
 (2) llama.cpp's converter permutes the rows of W_q and W_k: within each head it interleaves the two halves
 (rows [0, d/2) and [d/2, d)) so that its rotary code can rotate adjacent pairs; HF's and lmforge's rotate half
@@ -151,25 +151,26 @@ class GGUFModel:
     def chat_template(self) -> str | None:
         return self.metadata.get("tokenizer.chat_template")
 
-    def tensors(self, int4: bool = False) -> TensorReader:
+    def tensors(self, keep: str | None = None) -> TensorReader:
         """Every tensor by its Hugging Face Llama name, read (dequantized to float32, W_q and W_k rows back in HF
         order) when looked up, so that a loader holds one tensor's temporaries at a time, not a second model; types
-        and shapes are checked against the config before any is read. ``int4``: Q4_0 / Q4_1 matrices kept as
-        ``Int4Rows`` (their integers, no float32 copy)."""
+        and shapes are checked against the config before any is read. ``keep="int4"``: Q4_0 / Q4_1 matrices kept
+        as ``Int4Rows`` (their integers, no float32 copy); ``"int4"`` or ``"int8"``: a tied Q8_0 embedding kept as
+        ``Int8Rows`` (the int8 head either makes of it)."""
         for t in self.file.tensors:
             if t.kind not in TYPES:
                 raise LmforgeError(f"{self.path}: tensor {t.name} is of type {t.kind}; lmforge reads "
                                    f"{', '.join(TYPES)}")
         check_shapes(self)
-        return TensorReader(self, int4)
+        return TensorReader(self, keep)
 
 
 class TensorReader(Mapping):
     """A GGUF file's tensors by Hugging Face name (``GGUFModel.tensors``): each read from the mapped file when
     looked up, never kept (look each up once)."""
 
-    def __init__(self, model: GGUFModel, int4: bool) -> None:
-        self.model, self.int4 = model, int4
+    def __init__(self, model: GGUFModel, keep: str | None) -> None:
+        self.model, self.int4, self.int8 = model, keep == "int4", keep in ("int4", "int8")
         self.infos = {hf_name(t.name, model.path): t for t in model.file.tensors}
 
     def __len__(self) -> int:
@@ -182,7 +183,7 @@ class TensorReader(Mapping):
         t, c = self.infos[name], self.model.hf_config
         shape = tuple(reversed(t.shape))  # ggml: fastest dimension first
         raw = self.model.file.raw(t)
-        if self.int4 and kept_int8(name, t.kind, c):  # its pages are released once the layer has its copy
+        if self.int8 and kept_int8(name, t.kind, c):  # its pages are released once the layer has its copy
             q, d = int8_blocks(raw, shape)
             with warnings.catch_warnings():  # a view of the read-only map, only ever read
                 warnings.simplefilter("ignore", UserWarning)
@@ -388,7 +389,8 @@ def check_position_tables(config: Any, model: GGUFModel) -> None:
                            "and 1 GiB; a damaged or crafted file")
 
 
-def load_gguf(path: str | os.PathLike, int4: bool = False, tokenizer: bool = True) -> tuple[torch.nn.Module, Any]:
+def load_gguf(path: str | os.PathLike, dtype: str | None = None, group: int = 32,
+              tokenizer: bool = True) -> tuple[torch.nn.Module, Any]:
     """(lmforge Decoder in eval mode, tokenizer with the file's chat template, or None with ``tokenizer=False``:
     SmolLM2's 49,152 tokens and 48,900 merges are ~30 MiB of Python objects, a third of its int4 weights) from a
     Llama-family GGUF file.
@@ -396,14 +398,18 @@ def load_gguf(path: str | os.PathLike, int4: bool = False, tokenizer: bool = Tru
     Nothing is allocated from a size the file declares before it is checked: the header against the file's
     length (``read_header``), the tensors against the metadata (``check_shapes``), the position tables against
     the weights; only then are the tensors dequantized, one at a time, and become the Decoder's parameters (built
-    ``unwritten``: no initialisation, no copy; models/unwritten.py). ``int4``: the Q4_0 / Q4_1 matrices become
-    int4 layers (``nn.quant``, group 32) from their own integers, never dequantized (their float32 parameters,
-    allocated but never written, are freed untouched), and a tied Q8_0 embedding the head's int8 layer, whose
-    rows the embedding's lookups read; the others (norms, an F16 embedding) are read as float32 as always."""
+    ``unwritten``: no initialisation, no copy; models/unwritten.py).
+
+    ``dtype`` int8 / int4 (``group``: the quantization's group): each linear layer's matrix becomes its quantized
+    layer as it is read, so that no float32 model ever exists (``nn.quant.quantized_layer``: the layers
+    ``quantize`` would make of the float32 model, bit for bit; the tied head is left to it, from the embedding).
+    With group 32, what the file already holds in that form is kept as stored: with int4, the Q4_0 / Q4_1 / Q4_K
+    matrices become int4 layers from their own integers, never dequantized; with int4 or int8, a tied Q8_0
+    embedding becomes the head's int8 layer, whose rows the embedding's lookups read."""
     from lmforge.interop.llama import decoder_config_from_llama, decoder_state_from_llama
     from lmforge.models.decoder import Decoder
     from lmforge.models.registry import load_weights
-    from lmforge.nn.quant import QuantizedEmbedding
+    from lmforge.nn.quant import QuantizedEmbedding, quantized_layer
 
     model = read_gguf(path)
     config = decoder_config_from_llama(model.hf_config, str(model.path))
@@ -417,16 +423,26 @@ def load_gguf(path: str | os.PathLike, int4: bool = False, tokenizer: bool = Tru
         tok.chat_template = model.chat_template
     check_shapes(model)  # before the probe: building 10^6 layers, even on the meta device, exhausts memory
     check_position_tables(config, model)
-    def convert(value: Any) -> Any:
-        """A block type's integers as their layer; the heap the repacking freed handed back at once (without it
-        the freed blocks of 30 layers' temporaries stay resident: SmolLM2 int4's peak 1.44x its file, not 1.3x)."""
-        if not isinstance(value, Int4Rows | Int8Rows):
+    streamed = dtype in ("int8", "int4") and not config.bias  # a layer's bias is a tensor of its own: left whole
+
+    def convert(name: str, value: Any) -> Any:
+        """A block type's integers as their layer, a float matrix of a linear layer as its quantized layer; the
+        heap the repacking freed handed back at once (without it the freed blocks of 30 layers' temporaries stay
+        resident: SmolLM2 int4's peak 1.44x its file, not 1.3x)."""
+        if isinstance(value, Int4Rows | Int8Rows):
+            layer = value.layer()
+        elif streamed and name.endswith(LINEAR_WEIGHTS) and value.dim() == 2:
+            head = value.shape[0] == config.vocab_size  # quantize's rule: the vocabulary's layer is int8
+            layer = quantized_layer(value, "int8" if head else dtype, group)
+            if layer is None:  # a shape the kernels cannot hold: float, as ``quantize`` leaves it
+                return value
+        else:
             return value
-        layer = value.layer()
         return_freed_memory()
         return layer
 
-    state = decoder_state_from_llama(model.tensors(int4=int4), config, str(model.path), convert=convert)
+    keep = dtype if group == BLOCK else None
+    state = decoder_state_from_llama(model.tensors(keep), config, str(model.path), convert=convert)
     layers = {name: state.pop(name) for name in list(state) if isinstance(state[name], torch.nn.Module)}
     with unwritten():
         decoder = Decoder(config)
@@ -434,10 +450,13 @@ def load_gguf(path: str | os.PathLike, int4: bool = False, tokenizer: bool = Tru
     if "tok_emb.weight" in layers:  # the Q8_0 embedding as the tied head's int8 layer: lookups read its rows
         decoder.lm_head.proj = layers.pop("tok_emb.weight")
         decoder.tok_emb = QuantizedEmbedding(decoder.lm_head.proj)
-    for name, layer in layers.items():  # the float nn.Linear (never written) goes; the int4 layer comes
+    for name, layer in layers.items():  # the float nn.Linear (never written) goes; the quantized layer comes
         parent, _, attr = name.removesuffix(".weight").rpartition(".")
         setattr(decoder.get_submodule(parent), attr, layer)
     return decoder.eval(), tok
+
+
+LINEAR_WEIGHTS = (".in_proj.weight", ".out_proj.weight", ".fc1.weight", ".fc2.weight", "lm_head.proj.weight")
 
 
 # -- writing --------------------------------------------------------------------------------------------------

@@ -141,12 +141,13 @@ def llama_config_from_decoder(c: DecoderConfig) -> dict[str, Any]:
 # -- the tensors -----------------------------------------------------------------------------------------------
 def decoder_state_from_llama(
     state: Mapping[str, torch.Tensor], config: DecoderConfig, source: str = "checkpoint",
-    convert: Callable[[Any], Any] | None = None,
+    convert: Callable[[str, Any], Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """HF Llama tensors -> the state dict of lmforge's Decoder (without the tied head's alias). Each tensor of
     ``state`` is looked up once, in the Decoder's order: a mapping that reads on lookup (``gguf.TensorReader``)
-    holds one layer's parts at a time. ``convert`` is applied to each value as it is made (GGUF: integer rows
-    become their int4 layer at once, so that the unpacked integers of the whole model never exist together)."""
+    holds one layer's parts at a time. ``convert(name, value)`` is applied to each value as it is made (GGUF: a
+    matrix becomes its quantized layer at once, so that the whole model's unpacked integers or float32 weights
+    never exist together)."""
     names = {k.removeprefix("model."): k for k in state if not k.endswith(IGNORED_SUFFIXES)}
     used: set[str] = set()
 
@@ -165,7 +166,7 @@ def decoder_state_from_llama(
     out: dict[str, Any] = {}
 
     def put(name: str, value: Any) -> None:
-        out[name] = convert(value) if convert is not None else value
+        out[name] = convert(name, value) if convert is not None else value
 
     put("tok_emb.weight", take("embed_tokens.weight"))
     for i in range(config.n_layers):

@@ -206,10 +206,15 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, kind: str, group: int = GROUP) -> QuantizedLinear:
         """A float ``nn.Linear`` quantized (``quantize_int8`` / ``quantize_int4``)."""
-        w = linear.weight.detach()
+        return cls.from_weight(linear.weight.detach(), kind, group, linear.bias)
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, kind: str, group: int = GROUP,
+                    bias: torch.Tensor | None = None) -> QuantizedLinear:
+        """The layer of a float weight W (N, K) quantized (``quantize_int8`` / ``quantize_int4``)."""
         if kind == "int8":
-            return cls.int8(*quantize_int8(w, group), bias=linear.bias)
-        return cls.int4(*quantize_int4(w, group), group=group, bias=linear.bias)
+            return cls.int8(*quantize_int8(w, group), bias=bias)
+        return cls.int4(*quantize_int4(w, group), group=group, bias=bias)
 
     def _apply(self, fn: Callable, recurse: bool = True) -> QuantizedLinear:
         """Scales stay bfloat16 (the kernels read them so) whatever a ``model.float()`` or ``.double()`` casts."""
@@ -357,6 +362,14 @@ def tie_embedding(model: nn.Module) -> bool:
 def layout(model: nn.Module) -> dict[str, str]:
     """{layer name: "int8" | "int4"} of a model's quantized layers (what a saved directory's config.json keeps)."""
     return {name: m.kind for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+
+
+def quantized_layer(w: torch.Tensor, kind: str, group: int = GROUP) -> QuantizedLinear | None:
+    """The ``kind`` layer of a bias-free float weight W (N, K), or None where the kernels cannot hold its shape:
+    what ``quantize`` makes of an ``nn.Linear`` with this weight (a loader quantizing layer by layer as it reads,
+    ``interop.gguf.load_gguf``)."""
+    with torch.no_grad():
+        return None if unsupported(w.shape[0], w.shape[1], kind, group) else QuantizedLinear.from_weight(w, kind, group)
 
 
 def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None = "int8") -> list[str]:
