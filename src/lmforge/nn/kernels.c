@@ -187,6 +187,59 @@ void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, cons
 }
 
 /* ---- a decoding step's other work (float32) -------------------------------------------------------------- */
+/* e^x in float32, this file's own (glibc's expf is scalar): x clamped to [-87.33654, 88], n = rint(x log2 e),
+ * r = x - n ln 2 (ln 2 in two parts, Cody and Waite), e^r by a degree-7 polynomial (Cephes' expf coefficients,
+ * within 2 ulp), times 2^n from its exponent bits. Each step is one correctly rounded operation or fused
+ * multiply-add, the same in the vector and the scalar form: both builds give the same bits. NaN stays NaN. */
+#define EXP_LO -87.33654f
+#define EXP_HI 88.0f
+static const float exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                  1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_one(float x) {
+    if (x != x) return x;
+    x = x < EXP_LO ? EXP_LO : x;
+    x = x > EXP_HI ? EXP_HI : x;
+    const float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = __builtin_fmaf(n, -0.693359375f, x);
+    r = __builtin_fmaf(n, 2.12194440e-4f, r);
+    float p = exp_poly[0];
+    for (int i = 1; i < 6; i++) p = __builtin_fmaf(p, r, exp_poly[i]);
+    const float y = __builtin_fmaf(p, r * r, r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return y * two_n;
+}
+
+#if defined(__AVX512F__)
+static inline __m512 exp16(__m512 x) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ), x, _mm512_set1_ps(EXP_LO));
+    x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_HI), _CMP_GT_OQ), x, _mm512_set1_ps(EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(exp_poly[0]);
+    for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly[i]));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mask_blend_ps(nan, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)), x);
+}
+#endif
+
+/* y[i] = e^x[i], i < n (y may be x) */
+static void exp_all(const float *x, int64_t n, float *y) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + LANES <= n; i += LANES) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) y[i] = exp_one(x[i]);
+}
+
+void lmforge_exp(const float *x, int64_t n, float *y) { exp_all(x, n, y); }
+
 /* sum_i a_i b_i over n values: 16 lanes, each in order, then the lanes halved three times and the last four
  * summed as (l0 + l2) + (l1 + l3) */
 #if defined(__AVX512F__)
@@ -259,6 +312,26 @@ static void weigh_values(const float *e, const float *values, int64_t columns, i
     for (int64_t i = 0; i < dh; i++) o[i] = acc[i] / total;
 }
 
+/* out (group, dh) = softmax(scale q K^T) V for a key/value head's query heads q (group, dh), keys and values
+ * (columns, dh): scores, their maximum, the exponentials' sum and the weighted values each in column order */
+static void attend(const float *restrict queries, int64_t group, const float *restrict keys,
+                   const float *restrict values, int64_t columns, int64_t dh, float scale, float *restrict out) {
+    float *restrict scores = __builtin_malloc(group * columns * sizeof(float));
+    for (int64_t j = 0; j < group; j++) {
+        const float *restrict q = queries + j * dh;
+        float *restrict row = scores + j * columns, top = -__builtin_inff(), total = 0;
+        for (int64_t c = 0; c < columns; c++) {
+            row[c] = scale * dot(q, keys + c * dh, dh);
+            top = row[c] > top ? row[c] : top;
+        }
+        for (int64_t c = 0; c < columns; c++) row[c] = row[c] - top;
+        exp_all(row, columns, row);
+        for (int64_t c = 0; c < columns; c++) total += row[c];
+        weigh_values(row, values, columns, dh, total, out + j * dh);
+    }
+    __builtin_free(scores);
+}
+
 /* One decoding step's attention for rows b < rows, each one new token at column lengths[b] of slot first + b:
  *   qkv (rows, h + 2 hkv, dh)      the token's query, key and value heads (its in-projection)
  *   cos, sin (positions, dh)       rotary tables (sin with rotate_half's sign: its first half negated), or NULL
@@ -271,43 +344,26 @@ void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, 
                               const float *sin, const int64_t *lengths, float *kv, int64_t slots, int64_t capacity,
                               int64_t first, float scale, float *out, int threads) {
     const int64_t heads = h + 2 * hkv, half = dh / 2, plane = slots * hkv * capacity * dh;
-    for (int64_t b = 0; b < rows; b++) {
-        const int64_t at = lengths[b], slot = first + b;
-        float turned[dh];
-        for (int64_t j = 0; j < heads; j++) {
-            float *x = qkv + (b * heads + j) * dh;
-            if (j < h + hkv && cos) {  /* x cos + rotate_half(x) sin */
-                for (int64_t i = 0; i < dh; i++)
-                    turned[i] = x[i] * cos[at * dh + i] + x[(i + half) % dh] * sin[at * dh + i];
-                memcpy(x, turned, sizeof turned);
-            }
-            if (j >= h) {  /* a key (j < h + hkv) or a value head: into the cache at column `at` */
-                const int64_t g = j < h + hkv ? j - h : j - h - hkv;
-                float *to = kv + (j < h + hkv ? 0 : plane) + ((slot * hkv + g) * capacity + at) * dh;
-                memcpy(to, x, dh * sizeof(float));
-            }
-        }
-    }
     const int64_t group = h / hkv;  /* query heads a key/value head serves */
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t task = 0; task < rows * hkv; task++) {
-        const int64_t b = task / hkv, g = task % hkv, columns = lengths[b] + 1;
-        const float *restrict keys = kv + ((first + b) * hkv + g) * capacity * dh, *restrict values = keys + plane;
-        float *restrict scores = __builtin_malloc(group * columns * sizeof(float));
-        for (int64_t j = 0; j < group; j++) {  /* query head g * group + j */
-            const float *restrict q = qkv + (b * heads + g * group + j) * dh;
-            float *restrict row = scores + j * columns, top = -__builtin_inff(), total = 0;
-            for (int64_t c = 0; c < columns; c++) {
-                row[c] = scale * dot(q, keys + c * dh, dh);
-                top = row[c] > top ? row[c] : top;
+        const int64_t b = task / hkv, g = task % hkv, columns = lengths[b] + 1, at = lengths[b];
+        float *key = qkv + (b * heads + h + g) * dh, *value = key + hkv * dh;
+        if (cos) {  /* x cos + rotate_half(x) sin, for the task's query heads and its key head */
+            const float *turn_cos = cos + at * dh, *turn_sin = sin + at * dh;
+            float turned[dh];
+            for (int64_t j = 0; j <= group; j++) {
+                float *x = j < group ? qkv + (b * heads + g * group + j) * dh : key;
+                for (int64_t i = 0; i < half; i++) turned[i] = x[i] * turn_cos[i] + x[i + half] * turn_sin[i];
+                for (int64_t i = half; i < dh; i++) turned[i] = x[i] * turn_cos[i] + x[i - half] * turn_sin[i];
+                memcpy(x, turned, sizeof turned);
             }
-            for (int64_t c = 0; c < columns; c++) {
-                row[c] = __builtin_expf(row[c] - top);
-                total += row[c];
-            }
-            weigh_values(row, values, columns, dh, total, out + (b * h + g * group + j) * dh);
         }
-        __builtin_free(scores);
+        float *cache = kv + ((first + b) * hkv + g) * capacity * dh;  /* the key head's; its values a plane on */
+        memcpy(cache + at * dh, key, dh * sizeof(float));  /* the new key and value at column `at` */
+        memcpy(cache + plane + at * dh, value, dh * sizeof(float));
+        attend(qkv + (b * heads + g * group) * dh, group, cache, cache + plane, columns, dh, scale,
+               out + (b * h + g * group) * dh);
     }
 }
 
@@ -335,13 +391,15 @@ static void product(const product_t *p, const float *x, int64_t m, const float *
         lmforge_int8_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
 }
 
-/* y (m, f) = silu(g) u for hidden (m, 2 f) = [g | u] row by row */
+/* y (m, f) = silu(g) u = g / (1 + e^-g) u for hidden (m, 2 f) = [g | u] row by row (e^-g first, into y) */
 static void swiglu(const float *hidden, int64_t m, int64_t f, float *y) {
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t i = 0; i < f; i++) {
-            const float g = hidden[r * 2 * f + i];
-            y[r * f + i] = g / (1.0f + __builtin_expf(-g)) * hidden[r * 2 * f + f + i];
-        }
+    for (int64_t r = 0; r < m; r++) {
+        const float *g = hidden + r * 2 * f, *u = g + f;
+        float *out = y + r * f;
+        for (int64_t i = 0; i < f; i++) out[i] = -g[i];
+        exp_all(out, f, out);
+        for (int64_t i = 0; i < f; i++) out[i] = g[i] / (1.0f + out[i]) * u[i];
+    }
 }
 
 /* x (rows, D) through every layer, in place; kv (L, 2, slots, hkv, capacity, dh) the layers' caches; scratch of

@@ -49,6 +49,8 @@ SIGNATURES = {
     "lmforge_int8_mm": (P, I64, I64, P, P, I64, P, P, P, INT),
     # x, m, d, w, eps, y
     "lmforge_rms_norm": (P, I64, I64, P, ctypes.c_float, P),
+    # x, n, y
+    "lmforge_exp": (P, I64, P),
     # qkv, rows, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, out, threads
     "lmforge_decode_attention": (P, I64, I64, I64, I64, P, P, P, P, I64, I64, I64, ctypes.c_float, P, INT),
     # x, rows, layers, n_layers, eps, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, scratch, threads
@@ -159,6 +161,14 @@ def product(kind: str, x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, b
     call = library().lmforge_int4_mm if kind == "int4" else library().lmforge_int8_mm
     call(x.data_ptr(), m, k, w.data_ptr(), scales.data_ptr(), y.shape[1], pointer(bias), pointer(residual),
          y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x for x float32 contiguous: kernels.c's own exponential (softmax's and SwiGLU's), within ~1 ulp of the
+    float64 value on [-87.3, 88] and saturating outside it (e^88 for larger x)."""
+    y = torch.empty_like(x)
+    library().lmforge_exp(x.data_ptr(), x.numel(), y.data_ptr())
     return y
 
 
