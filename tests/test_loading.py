@@ -283,4 +283,5 @@ def test_a_tied_q8_0_embedding_loads_as_the_int4_models_int8_head_without_a_floa
     with torch.no_grad():
         ids = torch.tensor([[1, 5, 9, 200, 3]])
         expected = reference(ids).logits
-        torch.testing.assert_close(ours(ids).logits, expected, atol=0.02 * expected.std().item(), rtol=0)
+        # (the int4 layers round their activations to 8 bits a block: the embedding's 2^-8 moves show a little)
+        torch.testing.assert_close(ours(ids).logits, expected, atol=0.03 * expected.std().item(), rtol=0)

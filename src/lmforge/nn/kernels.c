@@ -11,7 +11,9 @@
  * the 16 rows' weights by one broadcast value of x. The order of an output's sums is fixed by the layout alone: an
  * output depends only on its row of x and its row of Ŵ, never on how many rows of x are computed together nor
  * on how the threads split the tiles (the engine's rule: a request alone has the bits it has in a batch). A
- * tile's weights are unpacked once for four rows of x. x and the products stay float32: no activation is rounded.
+ * tile's weights are unpacked once for four rows of x. int8 keeps x float32; int4 rounds x to 8 bits a block of
+ * 32 first and sums each block in integers (its section). Where the CPU lacks AVX-512 (or VNNI, for int4), plain
+ * C loops compute the same sums in the same order: the same bits.
  */
 #include <stdint.h>
 #include <string.h>
@@ -30,67 +32,137 @@ static inline float bf16_float(uint16_t h) {
 }
 
 /* ---- int4 ------------------------------------------------------------------------------------------------ */
-/* Layout: for tile t, pair c (inputs 2c and 2c + 1) and row r, byte w[t][c][r] = q[16t + r][2c] |
- * q[16t + r][2c + 1] << 4; sz[t][b][r] the (s, z) bfloat16 pair of row 16t + r, block b. Each weight is
- * dequantized, s (q - 8) + z by one fused multiply-add in float32 (exact: an 8-bit scale times a 4-bit integer plus
- * an 8-bit zero), once for all the rows of x in hand. Output o of row x: partial p (p = 0..3) sums the pairs
- * c = p, p + 4, ..., each as x_2c Ŵ_2c then x_2c+1 Ŵ_2c+1, by fused multiply-adds; y = (p0 + p1) + (p2 + p3) +
- * bias, then residual + y. */
-#define PARTS 4
-#define XROWS 4   /* rows of x a tile's weights are dequantized for at once */
+/* Layout: for tile t and block b of 32 inputs, 256 bytes in 4 chunks of 64: byte 4r + e of chunk c holds
+ * q[16t + r][32b + 8c + e] in its low 4 bits and q[16t + r][32b + 8c + 4 + e] in its high 4 bits (each 64 bytes
+ * is 16 rows' 4 consecutive inputs: one dot-product instruction's operand); sz[t][b][r] the (s, z) bfloat16 pair
+ * of row 16t + r, block b.
+ * The activations are quantized per block of 32 inputs first (``quantize_rows``): x ≈ d xq with d = max |x| / 127
+ * and xq int8 (llama.cpp's Q8 activations; their rounding, at most d / 2 an input, is ~1/16 of int4's weight
+ * rounding). Then each block's sums are integers, exact in any order: S = Σ q xq (unsigned by signed bytes, four a
+ * lane an instruction) and X = Σ xq, and since Ŵ = s (q - 8) + z, a block adds d s S + d m X with m = z - 8 s: two
+ * fused multiply-adds a block, in block order. */
+#define XROWS 4   /* rows of x a tile's unpacked weights are used for at once */
 #define PREFETCH 8192
 
+typedef struct {
+    int8_t *q;      /* (m, k) xq */
+    float *d, *sum; /* (m, k / 32) each: the block's d and X */
+} quantized_t;
+
+/* x (m, k) -> its blocks' xq, d and X; a block holding NaN gets d = NaN (its products NaN, as in float) */
+static void quantize_rows(const float *x, int64_t m, int64_t k, quantized_t a) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t b = 0; b < k / 32; b++) {
+            const float *xb = x + r * k + 32 * b;
+            int8_t *qb = a.q + r * k + 32 * b;
+            float amax = 0;
+            int nan = 0;
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void int4_tile(const float *x, const int t, int64_t k,
-                                                            const uint8_t *w, const uint32_t *sz, __m512 *out) {
-    const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    __m512 part[XROWS][PARTS];
-    for (int r = 0; r < t; r++)
-        for (int p = 0; p < PARTS; p++) part[r][p] = _mm512_setzero_ps();
+            const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+            nan = (_mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q)) != 0;
+            amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+#else
+            for (int i = 0; i < 32; i++) {
+                const float v = __builtin_fabsf(xb[i]);
+                amax = v > amax ? v : amax;
+                nan |= xb[i] != xb[i];
+            }
+#endif
+            const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
+            int total = 0;
+            if (nan) {
+                memset(qb, 0, 32);
+            } else {
+#if defined(__AVX512F__)
+                for (int h = 0; h < 2; h++) {
+                    const __m512 v = _mm512_mul_ps(h ? v1 : v0, _mm512_set1_ps(inverse));
+                    __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+                    total += _mm512_reduce_add_epi32(q);
+                    _mm_storeu_si128((__m128i *)(qb + 16 * h), _mm512_cvtepi32_epi8(q));
+                }
+#else
+                for (int i = 0; i < 32; i++) {
+                    float v = __builtin_rintf(xb[i] * inverse);
+                    v = v > 127 ? 127 : v < -127 ? -127 : v;
+                    qb[i] = (int8_t)v;
+                    total += qb[i];
+                }
+#endif
+            }
+            a.d[r * (k / 32) + b] = nan ? __builtin_nanf("") : amax / 127.0f;
+            a.sum[r * (k / 32) + b] = (float)total;
+        }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INT4_VECTORS 1
+static inline __attribute__((always_inline)) void int4_tile(const quantized_t *a, int64_t row, const int t,
+                                                            int64_t k, const uint8_t *w, const uint32_t *sz,
+                                                            __m512 *out) {
+    const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 acc[XROWS];
+    for (int r = 0; r < t; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / 32; b++) {
         for (int line = 0; line < 256; line += 64)  /* PREFETCH bytes ahead (the next tile's too) */
             _mm_prefetch((const char *)(w + 256 * b + PREFETCH + line), _MM_HINT_T0);
         _mm_prefetch((const char *)(sz + 16 * b + PREFETCH / 4), _MM_HINT_T0);
-        __m512i pairs = _mm512_loadu_si512(sz + 16 * b);
-        __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-        __m512 z = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
-        for (int c = 0; c < 16; c += PARTS)
-            for (int p = 0; p < PARTS; p++) {
-                __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + 256 * b + 16 * (c + p))));
-                __m512 lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(bytes, table), s, z);  /* low 4 bits */
-                __m512 hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table), s, z);
-                for (int r = 0; r < t; r++) {
-                    const float *xc = x + r * k + 32 * b + 2 * (c + p);
-                    part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(xc[0]), lo, part[r][p]);
-                    part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(xc[1]), hi, part[r][p]);
-                }
-            }
-    }
-    for (int r = 0; r < t; r++)
-        out[r] = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
-}
-
-#else
-/* the portable loops: row x's four partial sums of one tile (part[p][lane]), in the order the vector code keeps */
-static void int4_parts(const float *x, int64_t k, const uint8_t *w, const uint32_t *sz, float part[PARTS][LANES]) {
-    for (int64_t c = 0; c < k / 2; c++)
-        for (int l = 0; l < LANES; l++) {
-            uint32_t pair = sz[16 * (c / 16) + l];
-            float s = bf16_float((uint16_t)pair), z = bf16_float((uint16_t)(pair >> 16));
-            uint8_t byte = w[16 * c + l];
-            float *acc = &part[c % PARTS][l];
-            *acc = __builtin_fmaf(x[2 * c], __builtin_fmaf((float)(byte & 15) - 8, s, z), *acc);
-            *acc = __builtin_fmaf(x[2 * c + 1], __builtin_fmaf((float)(byte >> 4) - 8, s, z), *acc);
+        const __m512i pairs = _mm512_loadu_si512(sz + 16 * b);
+        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+        const __m512 m = _mm512_fmadd_ps(_mm512_set1_ps(-8.0f), s, _mm512_castsi512_ps(_mm512_and_si512(pairs, high)));
+        __m512i q[8];  /* q[g]: the 16 rows' inputs 4g .. 4g + 3 of the block, a byte each */
+        for (int c = 0; c < 4; c++) {
+            const __m512i bytes = _mm512_loadu_si512(w + 256 * b + 64 * c);
+            q[2 * c] = _mm512_and_si512(bytes, low);
+            q[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
         }
+        for (int r = 0; r < t; r++) {
+            const int8_t *xq = a->q + (row + r) * k + 32 * b;
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+            for (int g = 0; g < 8; g += 2) {
+                int32_t four[2];
+                memcpy(four, xq + 4 * g, sizeof four);
+                even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four[0]));
+                odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four[1]));
+            }
+            const __m512 total = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));  /* S, exact */
+            const __m512 d = _mm512_set1_ps(a->d[(row + r) * (k / 32) + b]);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, s), total, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, m), _mm512_set1_ps(a->sum[(row + r) * (k / 32) + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < t; r++) out[r] = acc[r];
 }
 #endif
 
+/* the portable loops: one row of x's sums for one tile (acc[lane]), in the order the vector code keeps */
+static inline void int4_row(const quantized_t *a, int64_t row, int64_t k, const uint8_t *w, const uint32_t *sz,
+                            float acc[LANES]) {
+    for (int l = 0; l < LANES; l++) acc[l] = 0;
+    for (int64_t b = 0; b < k / 32; b++) {
+        const int8_t *xq = a->q + row * k + 32 * b;
+        const float d = a->d[row * (k / 32) + b], sum = a->sum[row * (k / 32) + b];
+        for (int l = 0; l < LANES; l++) {
+            const uint32_t pair = sz[16 * b + l];
+            const float s = bf16_float((uint16_t)pair), m = __builtin_fmaf(-8.0f, s, bf16_float((uint16_t)(pair >> 16)));
+            int32_t total = 0;
+            for (int c = 0; c < 4; c++)
+                for (int e = 0; e < 4; e++) {
+                    const uint8_t byte = w[256 * b + 64 * c + 4 * l + e];
+                    total += (byte & 15) * xq[8 * c + e] + (byte >> 4) * xq[8 * c + 4 + e];
+                }
+            acc[l] = __builtin_fmaf(d * s, (float)total, acc[l]);
+            acc[l] = __builtin_fmaf(d * m, sum, acc[l]);
+        }
+    }
+}
+
 /* ---- int8 ------------------------------------------------------------------------------------------------ */
 /* Layout: tiles of 16 output rows, input by input: w[t][i][r] = q[16t + r][i]; s[t][b][r] the bfloat16 scale of
- * row 16t + r, block b of 32 inputs. Each weight dequantized, q s (exact in float32), once for the rows of x in
- * hand. Output o of row x: partial p sums the inputs i = p, p + 4, ... in order by fused multiply-adds,
- * y = (p0 + p1) + (p2 + p3) + bias, then residual + y. */
+ * row 16t + r, block b of 32 inputs. x stays float32: each weight dequantized, q s (exact in float32), once for
+ * the rows of x in hand. Output o of row x: partial p sums the inputs i = p, p + 4, ... in order by fused
+ * multiply-adds, y = (p0 + p1) + (p2 + p3) + bias, then residual + y. */
+#define PARTS 4
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void int8_tile(const float *x, const int t, int64_t k,
                                                             const int8_t *w, const uint16_t *scales, __m512 *out) {
@@ -122,28 +194,49 @@ static void int8_parts(const float *x, int64_t k, const int8_t *w, const uint16_
 #endif
 
 /* ---- a tile's outputs, either kind ----------------------------------------------------------------------- */
-/* y[r][16 tile ..] = residual + (the tile's products + bias) for every row r of x; kind 4 or 8 (a constant where
- * inlined: each entry point below gets its own copy) */
-#if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void tile_products(const float *x, const int t, int64_t k,
-                                                                const void *w, const void *scales, const int kind,
-                                                                __m512 *out) {
-    if (kind == 4) int4_tile(x, t, k, w, scales, out);
-    else int8_tile(x, t, k, w, scales, out);
+/* y[r][16 tile ..] = residual + (the tile's products + bias) for every row r of x (kind 8: x; kind 4: its
+ * quantized form a) */
+static inline __attribute__((always_inline)) void store_row(const float *v, int64_t r, int64_t n, int64_t tile,
+                                                            const float *bias, const float *residual, float *y) {
+    for (int l = 0; l < LANES; l++) {
+        float o = v[l];
+        if (bias) o = o + bias[16 * tile + l];
+        if (residual) o = residual[r * n + 16 * tile + l] + o;
+        y[r * n + 16 * tile + l] = o;
+    }
 }
 
-static inline __attribute__((always_inline)) void tile_rows(const float *x, int64_t m, int64_t k, const void *w,
-                                                            const void *scales, const int kind, int64_t n,
-                                                            int64_t tile, const float *bias, const float *residual,
-                                                            float *y) {
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void tile_products(const float *x, const quantized_t *a, int64_t row,
+                                                                const int t, int64_t k, const void *w,
+                                                                const void *scales, const int kind, __m512 *out) {
+    if (kind == 8) {
+        int8_tile(x + row * k, t, k, w, scales, out);
+        return;
+    }
+#if defined(INT4_VECTORS)
+    int4_tile(a, row, t, k, w, scales, out);
+#else
+    for (int r = 0; r < t; r++) {
+        float acc[LANES];
+        int4_row(a, row + r, k, w, scales, acc);
+        out[r] = _mm512_loadu_ps(acc);
+    }
+#endif
+}
+
+static inline __attribute__((always_inline)) void tile_rows(const float *x, const quantized_t *a, int64_t m,
+                                                            int64_t k, const void *w, const void *scales,
+                                                            const int kind, int64_t n, int64_t tile,
+                                                            const float *bias, const float *residual, float *y) {
     for (int64_t r = 0; r < m; r += XROWS) {
         const int64_t t = m - r < XROWS ? m - r : XROWS;
         __m512 out[XROWS];
-        switch (t) {  /* a constant count of rows for each call: the partial sums stay in registers */
-        case 4: tile_products(x + r * k, 4, k, w, scales, kind, out); break;
-        case 3: tile_products(x + r * k, 3, k, w, scales, kind, out); break;
-        case 2: tile_products(x + r * k, 2, k, w, scales, kind, out); break;
-        default: tile_products(x + r * k, 1, k, w, scales, kind, out);
+        switch (t) {  /* a constant count of rows for each call: the sums stay in registers */
+        case 4: tile_products(x, a, r, 4, k, w, scales, kind, out); break;
+        case 3: tile_products(x, a, r, 3, k, w, scales, kind, out); break;
+        case 2: tile_products(x, a, r, 2, k, w, scales, kind, out); break;
+        default: tile_products(x, a, r, 1, k, w, scales, kind, out);
         }
         for (int i = 0; i < t; i++) {
             __m512 v = out[i];
@@ -154,18 +247,18 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, int6
     }
 }
 #else
-static void tile_rows(const float *x, int64_t m, int64_t k, const void *w, const void *scales, const int kind,
-                      int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+static void tile_rows(const float *x, const quantized_t *a, int64_t m, int64_t k, const void *w, const void *scales,
+                      const int kind, int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
     for (int64_t r = 0; r < m; r++) {
-        float part[PARTS][LANES] = {{0}};
-        if (kind == 4) int4_parts(x + r * k, k, w, scales, part);
-        else int8_parts(x + r * k, k, w, scales, part);
-        for (int l = 0; l < LANES; l++) {
-            float v = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
-            if (bias) v = v + bias[16 * tile + l];
-            if (residual) v = residual[r * n + 16 * tile + l] + v;
-            y[r * n + 16 * tile + l] = v;
+        float v[LANES];
+        if (kind == 4) {
+            int4_row(a, r, k, w, scales, v);
+        } else {
+            float part[PARTS][LANES] = {{0}};
+            int8_parts(x + r * k, k, w, scales, part);
+            for (int l = 0; l < LANES; l++) v[l] = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
         }
+        store_row(v, r, n, tile, bias, residual, y);
     }
 }
 #endif
@@ -173,9 +266,14 @@ static void tile_rows(const float *x, int64_t m, int64_t k, const void *w, const
 /* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 32); bias, residual may be NULL */
 void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
                      const float *bias, const float *residual, float *y, int threads) {
+    char *memory = __builtin_malloc(m * k + 2 * m * (k / 32) * sizeof(float));
+    float *blocks = (float *)(memory + m * k);
+    const quantized_t a = {(int8_t *)memory, blocks, blocks + m * (k / 32)};
+    quantize_rows(x, m, k, a);
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t tile = 0; tile < n / 16; tile++)
-        tile_rows(x, m, k, w + tile * 8 * k, sz + tile * 16 * (k / 32), 4, n, tile, bias, residual, y);
+        tile_rows(NULL, &a, m, k, w + tile * 8 * k, sz + tile * 16 * (k / 32), 4, n, tile, bias, residual, y);
+    __builtin_free(memory);
 }
 
 /* the same for int8 */
@@ -183,7 +281,7 @@ void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, cons
                      const float *bias, const float *residual, float *y, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t tile = 0; tile < n / 16; tile++)
-        tile_rows(x, m, k, w + tile * 16 * k, scales + tile * 16 * (k / 32), 8, n, tile, bias, residual, y);
+        tile_rows(x, NULL, m, k, w + tile * 16 * k, scales + tile * 16 * (k / 32), 8, n, tile, bias, residual, y);
 }
 
 /* ---- a decoding step's other work (float32) -------------------------------------------------------------- */

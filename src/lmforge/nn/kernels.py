@@ -3,10 +3,10 @@ layer stack; compiled on this machine at first use, loaded with ctypes.
 
 Why: at batch 1 torch's weight-only kernels (``_weight_int4pack_mm_for_cpu``, ``_weight_int8pack_mm``) take
 bfloat16 activations and ran at about half of llama.cpp's pace on the same bytes (docs/benchmarks.md, issue 40).
-kernels.c reads float32 activations as they are (no rounding of x or y), dequantizes each weight once for four
-rows of x, and adds the residual in the same pass: on the 2-core AVX-512 machine of docs/benchmarks.md a decoding
-step's products take 1.5-1.9x less time than torch's at one row (``bench/kernels.py``), and a quantized model's
-layers run in one call a step.
+kernels.c's int8 product reads float32 activations as they are (no rounding of x or y) and dequantizes each
+weight once for four rows of x; its int4 product rounds x to 8 bits a block of 32 (llama.cpp's scheme) and sums
+each block in integer dot-product instructions (AVX-512 VNNI: 64 multiply-adds an instruction, exact); both add
+the residual in the same pass. A quantized model's layers run in one call a step.
 
 How: ``cc -O3 -march=native -fopenmp -shared`` of kernels.c into ``$LMFORGE_CACHE/kernels/<key>.so``, the key a
 hash of the source, the compiler's version and this CPU's flags (a home folder shared by two machines never runs
@@ -212,11 +212,13 @@ def decode_layers(x: torch.Tensor, layers: ctypes.Array, eps: float, heads: int,
 
 # -- the layouts (kernels.c) -------------------------------------------------------------------------------------
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (N, K) in [0, 15], scales and zeros (N, K / 32) -> (w (N / 16, K / 2, 16) uint8: w[t, c, r] = q[16t + r,
-    2c] | q[16t + r, 2c + 1] << 4; pairs (N / 16, K / 32, 16, 2) bfloat16 (s, z) of row 16t + r, block b)."""
+    """q (N, K) in [0, 15], scales and zeros (N, K / 32) -> (w (N / 16, K / 2, 16) uint8: tile t's block b is
+    w[t, 16b : 16b + 16], 4 chunks c of 64 bytes, byte 4r + e of chunk c = q[16t + r, 32b + 8c + e] |
+    q[16t + r, 32b + 8c + 4 + e] << 4; pairs (N / 16, K / 32, 16, 2) bfloat16 (s, z) of row 16t + r, block b)."""
     n, k = q.shape
-    rows = q.to(torch.uint8).reshape(n // 16, 16, k // 2, 2)  # (T, r, c, 2)
-    w = (rows[..., 0] | (rows[..., 1] << 4)).transpose(1, 2).contiguous()  # (T, c, r)
+    parts = q.to(torch.uint8).reshape(n // 16, 16, k // 32, 4, 2, 4)  # (T, r, b, c, low/high, e)
+    chunks = (parts[..., 0, :] | (parts[..., 1, :] << 4)).permute(0, 2, 3, 1, 4)  # (T, b, c, r, e)
+    w = chunks.contiguous().reshape(n // 16, k // 2, 16)
     pairs = torch.stack([scales.to(torch.bfloat16), zeros.to(torch.bfloat16)], dim=-1)  # (N, K/32, 2)
     return w, pairs.reshape(n // 16, 16, k // 32, 2).transpose(1, 2).contiguous()
 
@@ -224,8 +226,9 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tup
 def unpack_int4(w: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``pack_int4``'s inverse: (q (N, K) int32, scales, zeros (N, K / 32) bfloat16)."""
     tiles, half, _ = w.shape
-    rows = w.transpose(1, 2)  # (T, r, c)
-    q = torch.stack([rows & 0x0F, rows >> 4], dim=-1).reshape(16 * tiles, 2 * half).to(torch.int32)
+    chunks = w.reshape(tiles, half // 16, 4, 16, 4)  # (T, b, c, r, e)
+    parts = torch.stack([chunks & 0x0F, chunks >> 4], dim=-2)  # (T, b, c, r, low/high, e)
+    q = parts.permute(0, 3, 1, 2, 4, 5).reshape(16 * tiles, 2 * half).to(torch.int32)
     pairs = pairs.transpose(1, 2).reshape(16 * tiles, half // 16, 2)
     return q, pairs[..., 0], pairs[..., 1]
 

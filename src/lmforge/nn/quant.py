@@ -1,4 +1,4 @@
-"""Weight-only quantized linear layers (CPU): int8 and int4 in groups of inputs; activations float.
+"""Weight-only quantized linear layers (CPU): int8 and int4 in groups of inputs.
 
     int8   W[n, k] ≈ s[n, j] q[n, k]                  j = k // group, q int8 in [-127, 127]; 1 byte a weight
                                                       (+ 2 bytes a group: GGUF's Q8_0 at group 32)
@@ -9,8 +9,10 @@ The group is 32 by default (64, 128, 256, or, for int8, the whole row: one scale
 reads and what directories saved before grouped int8 hold).
 
 ``QuantizedLinear`` computes y = x Ŵᵀ + b (Ŵ the dequantized weight, ``reference/quant.py``'s equations) with
-lmforge's own kernels (nn/kernels.c, built on this machine at first use: float32 activations, 16 output rows a
-vector, each weight dequantized once for four rows of x) where they build, else with torch's own CPU kernels,
+lmforge's own kernels (nn/kernels.c, built on this machine at first use: 16 output rows a vector; int8 with
+float32 activations, each weight dequantized once for four rows of x; int4 with the activations rounded to 8 bits
+a block of 32, llama.cpp's scheme, and each block's sums in integer dot products) where they build, else with
+torch's own CPU kernels,
 ``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu`` (torchao's CPU layouts use the same two).
 Those are vectorised for bfloat16 activations only (float32 ones take a scalar loop, 10-25x slower than a
 float32 product): so with them x is rounded to bfloat16 on the way in and each output on the way out. Both
@@ -22,7 +24,10 @@ in a batch, on 1 or 2 threads.
 
 Against the float64 product of the same dequantized weight (tests/test_quant.py, ``product_bound``), an output
 differs by at most (K + 2) 2^-24 sum_k |x_k Ŵ_nk| (float32 accumulation and dequantization), plus with torch's
-kernels 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (the inputs' rounding).
+kernels 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (the inputs' rounding). kernels.c's int4
+product is the float64 product of its 8-bit activations (``reference.quant.quantize_activations``) up to float32
+rounding (``int4_bound``); those move x by at most half a step, d / 2, an input (SmolLM2's perplexity +0.16%
+against float32 activations' -0.01%: docs/benchmarks.md).
 
 ``quantize(model, "int4")`` replaces a model's ``nn.Linear`` layers in place, the tied LM head included (its own
 int8 copy, which the embedding's lookups then read: ``QuantizedEmbedding``). At batch 1 the 49152 x 576 head of

@@ -56,8 +56,8 @@ class Weights:
     serve, evaluate, embed."""
 
     dtype: Literal["fp32", "bf16", "fp16", "int8", "int4"] = setting(
-        "fp32", "weights' dtype; int8 / int4: weight-only quantized linear layers on the CPU, activations float32 "
-                "(a GGUF file's Q4_0 / Q4_1 matrices are kept as stored with int4)")
+        "fp32", "weights' dtype; int8 / int4: weight-only quantized linear layers on the CPU (int8: activations "
+                "float32; int4: 8-bit a block, as llama.cpp; a GGUF file's Q4_0 / Q4_1 matrices kept as stored)")
     group_size: int = setting(32, "int8 / int4: weights per group sharing a scale (int4: and a zero)",
                               choices=(32, 64, 128, 256),
                               metavar="N")
