@@ -37,7 +37,10 @@ def load(config: str) -> torch.nn.Module:
     model, _ = lmforge.load(smollm2_path(), dtype=dtype)
     if head:  # the tied head from the embedding's float32 rows, in the other format
         linear = torch.nn.Linear(model.config.d_model, model.config.vocab_size, bias=False)
-        linear.weight = model.tok_emb.weight
+        embedding = model.tok_emb  # with int4 from a GGUF file: the file's Q8_0 rows (QuantizedEmbedding)
+        rows = embedding.head.rows(torch.arange(model.config.vocab_size)) if hasattr(embedding, "head") else \
+            embedding.weight
+        linear.weight = torch.nn.Parameter(rows.detach(), requires_grad=False)
         model.lm_head.proj = linear if head == "head32" else QuantizedLinear.from_linear(linear, "int4")
     return model.eval()
 

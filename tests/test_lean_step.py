@@ -207,7 +207,8 @@ def test_the_native_norm_and_attention_give_the_torch_calls_logits():
 def test_a_quantized_models_layers_in_one_kernels_call_give_the_layer_by_layer_logits(kind):
     """Every product quantized in kernels.c's layout, RMSNorm, SwiGLU: the lean step runs all the layers in one
     kernels.c call (``native_layers``). Its logits against the same step layer by layer in Python (kernels.c's
-    norm and attention, then torch's calls): to float rounding; a replaced module turns the one call off."""
+    norm and attention, then torch's calls): to float rounding, which the products' rounding of their activations
+    (a block of 32 to 8 or 16 bits) can carry one step further; a replaced module turns the one call off."""
     from lmforge.nn.quant import quantize
 
     # heads of 32 and 304 tokens: every width a multiple of the int4 group, the head's rows of 16 (kernels.c's head)
@@ -220,7 +221,7 @@ def test_a_quantized_models_layers_in_one_kernels_call_give_the_layer_by_layer_l
     one_call = runs[True, True][0]
     for other in (runs[True, False][0], runs[False, False][0]):
         for a, b in zip(one_call, other, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+            torch.testing.assert_close(a, b, atol=2e-4, rtol=0)
     lean = Engine(model, slots=2).runner.lean
     assert lean.native_layers() is not None
     model.layers[1].ffn.fc2 = torch.nn.Linear(96, 288)

@@ -45,16 +45,17 @@ static inline float bf16_float(uint16_t h) {
 #define PREFETCH 8192
 
 typedef struct {
-    int8_t *q;      /* (m, k) xq */
-    float *d, *sum; /* (m, k / 32) each: the block's d and X */
+    int8_t *q;      /* (m, k) xq, 8 bits (int4's products) */
+    int16_t *q16;   /* or 16 bits (int8's) */
+    float *d, *sum; /* (m, k / 32) each: the block's d and X = Σ xq */
 } quantized_t;
 
-/* x (m, k) -> its blocks' xq, d and X; a block holding NaN gets d = NaN (its products NaN, as in float) */
-static void quantize_rows(const float *x, int64_t m, int64_t k, quantized_t a) {
+/* x (m, k) -> its blocks' xq (a.q with limit 127, a.q16 with 32767), d = max |x| / limit and X; a block holding
+ * NaN gets d = NaN (its products NaN, as in float) */
+static void quantize_rows(const float *x, int64_t m, int64_t k, quantized_t a, const int limit) {
     for (int64_t r = 0; r < m; r++)
         for (int64_t b = 0; b < k / 32; b++) {
             const float *xb = x + r * k + 32 * b;
-            int8_t *qb = a.q + r * k + 32 * b;
             float amax = 0;
             int nan = 0;
 #if defined(__AVX512F__)
@@ -68,35 +69,38 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, quantized_t a) {
                 nan |= xb[i] != xb[i];
             }
 #endif
-            const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
-            int total = 0;
+            const float inverse = amax > 0 ? (float)limit / amax : 0.0f;
+            int32_t q[32], total = 0;
             if (nan) {
-                memset(qb, 0, 32);
+                memset(q, 0, sizeof q);
             } else {
 #if defined(__AVX512F__)
                 for (int h = 0; h < 2; h++) {
                     const __m512 v = _mm512_mul_ps(h ? v1 : v0, _mm512_set1_ps(inverse));
-                    __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
-                    total += _mm512_reduce_add_epi32(q);
-                    _mm_storeu_si128((__m128i *)(qb + 16 * h), _mm512_cvtepi32_epi8(q));
+                    __m512i n = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                    n = _mm512_min_epi32(_mm512_max_epi32(n, _mm512_set1_epi32(-limit)), _mm512_set1_epi32(limit));
+                    _mm512_storeu_si512(q + 16 * h, n);
+                    total += _mm512_reduce_add_epi32(n);
                 }
 #else
                 for (int i = 0; i < 32; i++) {
                     float v = __builtin_rintf(xb[i] * inverse);
-                    v = v > 127 ? 127 : v < -127 ? -127 : v;
-                    qb[i] = (int8_t)v;
-                    total += qb[i];
+                    v = v > limit ? limit : v < -limit ? -limit : v;
+                    q[i] = (int32_t)v;
+                    total += q[i];
                 }
 #endif
             }
-            a.d[r * (k / 32) + b] = nan ? __builtin_nanf("") : amax / 127.0f;
+            for (int i = 0; i < 32; i++) {
+                if (limit == 127) a.q[r * k + 32 * b + i] = (int8_t)q[i];
+                else a.q16[r * k + 32 * b + i] = (int16_t)q[i];
+            }
+            a.d[r * (k / 32) + b] = nan ? __builtin_nanf("") : amax / (float)limit;
             a.sum[r * (k / 32) + b] = (float)total;
         }
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define INT4_VECTORS 1
 static inline __attribute__((always_inline)) void int4_tile(const quantized_t *a, int64_t row, const int t,
                                                             int64_t k, const uint8_t *w, const uint32_t *sz,
                                                             __m512 *out) {
@@ -158,85 +162,96 @@ static inline void int4_row(const quantized_t *a, int64_t row, int64_t k, const 
 }
 
 /* ---- int8 ------------------------------------------------------------------------------------------------ */
-/* Layout: tiles of 16 output rows, input by input: w[t][i][r] = q[16t + r][i]; s[t][b][r] the bfloat16 scale of
- * row 16t + r, block b of 32 inputs. x stays float32: each weight dequantized, q s (exact in float32), once for
- * the rows of x in hand. Output o of row x: partial p sums the inputs i = p, p + 4, ... in order by fused
- * multiply-adds, y = (p0 + p1) + (p2 + p3) + bias, then residual + y. */
-#define PARTS 4
-#if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void int8_tile(const float *x, const int t, int64_t k,
-                                                            const int8_t *w, const uint16_t *scales, __m512 *out) {
-    __m512 part[XROWS][PARTS];
-    for (int r = 0; r < t; r++)
-        for (int p = 0; p < PARTS; p++) part[r][p] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; i += PARTS) {
-        _mm_prefetch((const char *)(w + 16 * i + PREFETCH), _MM_HINT_T0);  /* 16 PARTS bytes: a line a step */
+/* Layout: for tile t and pair j (inputs 2j, 2j + 1), 32 bytes: byte 2r + e = q[16t + r][2j + e]; s[t][b][r] the
+ * bfloat16 scale of row 16t + r, block b of 32 inputs. The activations are quantized to 16 bits a block (d =
+ * max |x| / 32767: 256 times finer than int4's 8, as fine as SmolLM2's perplexity can tell from float32; 8 bits
+ * moved int8's by 0.5%); a block's sum T = Σ q xq is exact in 32-bit integers (16-bit pairs, two a lane an
+ * instruction), T in float32 (rounded once past 2^24) and d s T added by one fused multiply-add, in block order. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static inline __attribute__((always_inline)) void int8_tile(const quantized_t *a, int64_t row, const int t,
+                                                            int64_t k, const int8_t *w, const uint16_t *scales,
+                                                            __m512 *out) {
+    __m512 acc[XROWS];
+    for (int r = 0; r < t; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < k / 32; b++) {
+        for (int line = 0; line < 512; line += 64)
+            _mm_prefetch((const char *)(w + 512 * b + PREFETCH + line), _MM_HINT_T0);
         const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * (i / 32)))), 16));
-        for (int p = 0; p < PARTS; p++) {
-            __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 16 * (i + p)))));
-            q = _mm512_mul_ps(q, s);
-            for (int r = 0; r < t; r++)
-                part[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + i + p]), q, part[r][p]);
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * b))), 16));
+        __m512i even[XROWS], odd[XROWS];
+        for (int r = 0; r < t; r++) even[r] = odd[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 16; j += 2) {  /* pairs of inputs: 16 rows' 2 weights, widened to 16 bits */
+            const __m512i q0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 512 * b + 32 * j)));
+            const __m512i q1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 512 * b + 32 * j + 32)));
+            for (int r = 0; r < t; r++) {
+                const int16_t *xq = a->q16 + (row + r) * k + 32 * b + 2 * j;
+                int32_t two[2];
+                memcpy(two, xq, sizeof two);
+                even[r] = _mm512_dpwssd_epi32(even[r], q0, _mm512_set1_epi32(two[0]));
+                odd[r] = _mm512_dpwssd_epi32(odd[r], q1, _mm512_set1_epi32(two[1]));
+            }
+        }
+        for (int r = 0; r < t; r++) {
+            const __m512 total = _mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r]));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d[(row + r) * (k / 32) + b]), s), total, acc[r]);
         }
     }
-    for (int r = 0; r < t; r++)
-        out[r] = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
-}
-#else
-static void int8_parts(const float *x, int64_t k, const int8_t *w, const uint16_t *scales, float part[PARTS][LANES]) {
-    for (int64_t i = 0; i < k; i++)
-        for (int l = 0; l < LANES; l++) {
-            const float q = (float)w[16 * i + l] * bf16_float(scales[16 * (i / 32) + l]);
-            part[i % PARTS][l] = __builtin_fmaf(x[i], q, part[i % PARTS][l]);
-        }
+    for (int r = 0; r < t; r++) out[r] = acc[r];
 }
 #endif
 
-/* ---- a tile's outputs, either kind ----------------------------------------------------------------------- */
-/* y[r][16 tile ..] = residual + (the tile's products + bias) for every row r of x (kind 8: x; kind 4: its
- * quantized form a) */
-static inline __attribute__((always_inline)) void store_row(const float *v, int64_t r, int64_t n, int64_t tile,
-                                                            const float *bias, const float *residual, float *y) {
-    for (int l = 0; l < LANES; l++) {
-        float o = v[l];
-        if (bias) o = o + bias[16 * tile + l];
-        if (residual) o = residual[r * n + 16 * tile + l] + o;
-        y[r * n + 16 * tile + l] = o;
+/* the portable loops: one row of x's sums for one tile (acc[lane]), in the order the vector code keeps */
+static inline void int8_row(const quantized_t *a, int64_t row, int64_t k, const int8_t *w, const uint16_t *scales,
+                            float acc[LANES]) {
+    for (int l = 0; l < LANES; l++) acc[l] = 0;
+    for (int64_t b = 0; b < k / 32; b++) {
+        const int16_t *xq = a->q16 + row * k + 32 * b;
+        const float d = a->d[row * (k / 32) + b];
+        for (int l = 0; l < LANES; l++) {
+            int32_t total = 0;
+            for (int i = 0; i < 32; i++) total += (int32_t)w[512 * b + 32 * (i / 2) + 2 * l + i % 2] * xq[i];
+            acc[l] = __builtin_fmaf(d * bf16_float(scales[16 * b + l]), (float)total, acc[l]);
+        }
     }
 }
 
+/* ---- a tile's outputs, either kind ----------------------------------------------------------------------- */
+/* y[r][16 tile ..] = residual + (the tile's products + bias) for every row r of x, from its quantized form a */
+static inline __attribute__((always_inline)) void row_sums(const quantized_t *a, int64_t row, int64_t k,
+                                                           const void *w, const void *scales, const int kind,
+                                                           float acc[LANES]) {
+    if (kind == 4) int4_row(a, row, k, w, scales, acc);
+    else int8_row(a, row, k, w, scales, acc);
+}
+
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void tile_products(const float *x, const quantized_t *a, int64_t row,
-                                                                const int t, int64_t k, const void *w,
-                                                                const void *scales, const int kind, __m512 *out) {
-    if (kind == 8) {
-        int8_tile(x + row * k, t, k, w, scales, out);
-        return;
-    }
-#if defined(INT4_VECTORS)
-    int4_tile(a, row, t, k, w, scales, out);
+static inline __attribute__((always_inline)) void tile_products(const quantized_t *a, int64_t row, const int t,
+                                                                int64_t k, const void *w, const void *scales,
+                                                                const int kind, __m512 *out) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (kind == 4) int4_tile(a, row, t, k, w, scales, out);
+    else int8_tile(a, row, t, k, w, scales, out);
 #else
     for (int r = 0; r < t; r++) {
         float acc[LANES];
-        int4_row(a, row + r, k, w, scales, acc);
+        row_sums(a, row + r, k, w, scales, kind, acc);
         out[r] = _mm512_loadu_ps(acc);
     }
 #endif
 }
 
-static inline __attribute__((always_inline)) void tile_rows(const float *x, const quantized_t *a, int64_t m,
-                                                            int64_t k, const void *w, const void *scales,
-                                                            const int kind, int64_t n, int64_t tile,
-                                                            const float *bias, const float *residual, float *y) {
+static inline __attribute__((always_inline)) void tile_rows(const quantized_t *a, int64_t m, int64_t k,
+                                                            const void *w, const void *scales, const int kind,
+                                                            int64_t n, int64_t tile, const float *bias,
+                                                            const float *residual, float *y) {
     for (int64_t r = 0; r < m; r += XROWS) {
         const int64_t t = m - r < XROWS ? m - r : XROWS;
         __m512 out[XROWS];
         switch (t) {  /* a constant count of rows for each call: the sums stay in registers */
-        case 4: tile_products(x, a, r, 4, k, w, scales, kind, out); break;
-        case 3: tile_products(x, a, r, 3, k, w, scales, kind, out); break;
-        case 2: tile_products(x, a, r, 2, k, w, scales, kind, out); break;
-        default: tile_products(x, a, r, 1, k, w, scales, kind, out);
+        case 4: tile_products(a, r, 4, k, w, scales, kind, out); break;
+        case 3: tile_products(a, r, 3, k, w, scales, kind, out); break;
+        case 2: tile_products(a, r, 2, k, w, scales, kind, out); break;
+        default: tile_products(a, r, 1, k, w, scales, kind, out);
         }
         for (int i = 0; i < t; i++) {
             __m512 v = out[i];
@@ -247,41 +262,46 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
     }
 }
 #else
-static void tile_rows(const float *x, const quantized_t *a, int64_t m, int64_t k, const void *w, const void *scales,
-                      const int kind, int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
+static void tile_rows(const quantized_t *a, int64_t m, int64_t k, const void *w, const void *scales, const int kind,
+                      int64_t n, int64_t tile, const float *bias, const float *residual, float *y) {
     for (int64_t r = 0; r < m; r++) {
         float v[LANES];
-        if (kind == 4) {
-            int4_row(a, r, k, w, scales, v);
-        } else {
-            float part[PARTS][LANES] = {{0}};
-            int8_parts(x + r * k, k, w, scales, part);
-            for (int l = 0; l < LANES; l++) v[l] = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
+        row_sums(a, r, k, w, scales, kind, v);
+        for (int l = 0; l < LANES; l++) {
+            float o = v[l];
+            if (bias) o = o + bias[16 * tile + l];
+            if (residual) o = residual[r * n + 16 * tile + l] + o;
+            y[r * n + 16 * tile + l] = o;
         }
-        store_row(v, r, n, tile, bias, residual, y);
     }
 }
 #endif
 
-/* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 32); bias, residual may be NULL */
-void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
-                     const float *bias, const float *residual, float *y, int threads) {
-    char *memory = __builtin_malloc(m * k + 2 * m * (k / 32) * sizeof(float));
-    float *blocks = (float *)(memory + m * k);
-    const quantized_t a = {(int8_t *)memory, blocks, blocks + m * (k / 32)};
-    quantize_rows(x, m, k, a);
+/* y (m, n) = residual + x (m, k) Ŵᵀ + bias (n a multiple of 16, k of 32; bias, residual may be NULL) for either
+ * kind: x quantized once, then the tiles split among the threads */
+static void quantized_mm(const float *x, int64_t m, int64_t k, const void *w, const void *scales, int64_t n,
+                         const float *bias, const float *residual, float *y, const int kind, int threads) {
+    const int64_t bytes = kind == 4 ? 1 : 2;  /* an activation's: 8 or 16 bits */
+    char *memory = __builtin_malloc(m * k * bytes + 2 * m * (k / 32) * sizeof(float));
+    float *blocks = (float *)(memory + m * k * bytes);
+    const quantized_t a = {(int8_t *)memory, (int16_t *)memory, blocks, blocks + m * (k / 32)};
+    quantize_rows(x, m, k, a, kind == 4 ? 127 : 32767);
+    const int64_t tile_bytes = kind == 4 ? 8 * k : 16 * k, tile_scales = 16 * (k / 32) * (kind == 4 ? 4 : 2);
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t tile = 0; tile < n / 16; tile++)
-        tile_rows(NULL, &a, m, k, w + tile * 8 * k, sz + tile * 16 * (k / 32), 4, n, tile, bias, residual, y);
+        tile_rows(&a, m, k, (const char *)w + tile * tile_bytes, (const char *)scales + tile * tile_scales, kind, n,
+                  tile, bias, residual, y);
     __builtin_free(memory);
 }
 
-/* the same for int8 */
+void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
+                     const float *bias, const float *residual, float *y, int threads) {
+    quantized_mm(x, m, k, w, sz, n, bias, residual, y, 4, threads);
+}
+
 void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
                      const float *bias, const float *residual, float *y, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t tile = 0; tile < n / 16; tile++)
-        tile_rows(x, NULL, m, k, w + tile * 16 * k, scales + tile * 16 * (k / 32), 8, n, tile, bias, residual, y);
+    quantized_mm(x, m, k, w, scales, n, bias, residual, y, 8, threads);
 }
 
 /* ---- a decoding step's other work (float32) -------------------------------------------------------------- */

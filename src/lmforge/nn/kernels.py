@@ -235,13 +235,15 @@ def unpack_int4(w: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def pack_int8(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q (N, K) int8, or (N, K / 32, 32) (a view of a GGUF file's Q8_0 blocks), and scales (N, K / 32) -> (w
-    (N / 16, K, 16): w[t, i, r] = q[16t + r, i]; scales (N / 16, K / 32, 16) bfloat16): one copy of q."""
+    (N / 16, K / 2, 32) int8: w[t, j, 2r + e] = q[16t + r, 2j + e], each 32 bytes 16 rows' 2 inputs (the
+    dot-product instruction's operand, widened to 16 bits); scales (N / 16, K / 32, 16) bfloat16): one copy of q."""
     n, k = q.shape[0], q[0].numel()
-    w = q.reshape(n // 16, 16, k // BLOCK, BLOCK).permute(0, 2, 3, 1).contiguous().reshape(n // 16, k, 16)
+    w = q.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous().reshape(n // 16, k // 2, 32)
     return w, scales.to(torch.bfloat16).reshape(n // 16, 16, k // BLOCK).transpose(1, 2).contiguous()
 
 
 def unpack_int8(w: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``pack_int8``'s inverse: (q (N, K) int8, scales (N, K / 32) bfloat16)."""
-    tiles, k, _ = w.shape
-    return w.transpose(1, 2).reshape(16 * tiles, k), scales.transpose(1, 2).reshape(16 * tiles, k // BLOCK)
+    tiles, pairs, _ = w.shape
+    q = w.reshape(tiles, pairs, 16, 2).permute(0, 2, 1, 3).reshape(16 * tiles, 2 * pairs)
+    return q, scales.transpose(1, 2).reshape(16 * tiles, pairs // 16)

@@ -145,9 +145,10 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
 class QuantizedLinear(nn.Module):
     """y = x Ŵᵀ + b with Ŵ held as integers, b float32, in one of two layouts (``layout``):
 
-        "lmforge"  kernels.c's (nn/kernels.py, built on this machine): outputs in tiles of 16 rows, float32
-                   activations. int8: ``weight`` (N/16, K, 16) int8, ``scales`` (N/16, K/32, 16) a block of
-                   32; int4: ``weight`` (N/16, K/2, 16) uint8, ``scales`` (N/16, K/32, 16, 2) scale-zero pairs
+        "lmforge"  kernels.c's (nn/kernels.py, built on this machine): outputs in tiles of 16 rows, activations
+                   rounded a block of 32 (int8: to 16 bits; int4: to 8). int8: ``weight`` (N/16, K/2, 32) int8,
+                   ``scales`` (N/16, K/32, 16) a block of 32; int4: ``weight`` (N/16, K/2, 16) uint8,
+                   ``scales`` (N/16, K/32, 16, 2) scale-zero pairs
         "torch"    torch's kernels' (no C compiler, ``LMFORGE_KERNELS=torch``, or N not a multiple of 16):
                    int8: ``weight`` (N, K) and ``scales`` (N, 1), one a row: torch's int8 kernel reads no
                    other, so smaller groups are requantized to one scale a row (each weight moves by at most
@@ -273,9 +274,10 @@ class QuantizedLinear(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """int8: the dequantized rows Ŵ[ids] (..., K) float32, exact (a lookup: a tied head's rows are the token
         embeddings, ``QuantizedEmbedding``)."""
-        if self.layout == "lmforge":  # weight (N/16, K, 16), scales (N/16, K/32, 16)
+        if self.layout == "lmforge":  # weight (N/16, K/2, 32): row 16t + r's inputs 2j + e at [t, j, 2r + e]
             tile, lane = ids // 16, ids % 16
-            q, s = self.weight[tile, :, lane], self.scales[tile, :, lane]  # (..., K), (..., K/32)
+            q = self.weight.unflatten(-1, (16, 2))[tile, :, lane].flatten(-2)  # (..., K)
+            s = self.scales[tile, :, lane]  # (..., K/32)
             return (q.float().unflatten(-1, (-1, kernels.BLOCK)) * s.float()[..., None]).flatten(-2)
         return self.weight[ids].float() * self.scales.reshape(self.out_features, -1)[ids].float()
 
