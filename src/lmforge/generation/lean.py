@@ -28,10 +28,11 @@ rows do not depend on the row count: the runner's packed products on a CPU). ``a
 is the residual sum after a product, in one call: ``addmm`` with plain products, one oneDNN call with the CPU
 runner's packed ones (runners/cpu.py).
 
-On a CPU (``native``, the CPU runner's choice, where nn/kernels.c builds) the RMSNorm and the attention above
-(rotation, cache write, softmax over the row's columns) are one kernels.c call each; and when every product is
-a quantized layer in kernels.c's layout (RMSNorm, SwiGLU: the Llama family at ``--dtype int8 | int4``) the whole
-layer stack is one call (``native_layers``), the same pieces in the same order without Python between them.
+On a CPU (``native``, the CPU runner's choice, where lmforge's C kernels build: nn/kernels.py) the RMSNorm and
+the attention above (rotation, cache write, softmax over the row's columns) are one step_kernels.c call each; and
+when every product is a quantized layer in kernels.c's layout (RMSNorm, SwiGLU: the Llama family at ``--dtype
+int8 | int4``) the whole layer stack is one call (``native_layers``), the same pieces in the same order without
+Python between them.
 These layer-by-layer lines stay the readable statement of what that call computes (tests compare the two).
 
 What fits (``fits``): a ``Decoder`` with rotary or learned positions, RMSNorm or LayerNorm, any activation, no
@@ -149,7 +150,7 @@ class LeanStep:
             self.sin = torch.cat([sin, torch.zeros_like(sin[:1])])
         self.zero, self.minus_inf = (torch.full((), v, dtype=weight.dtype, device=weight.device)
                                      for v in (0.0, float("-inf")))
-        # kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several;
+        # step_kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several;
         # it reads the rotation tables at each row's column unchecked: every column of the cache must have a row
         self.native = native and kernels.library() is not None and self.buffer.device.type == "cpu" \
             and self.buffer.dtype == torch.float32 and (self.cos is None or self.cos.shape[0] > self.buffer.shape[-2])
@@ -160,13 +161,13 @@ class LeanStep:
         x = model.tok_emb(tokens)  # (R, D)
         if model.pos_emb is not None:
             x = x + F.embedding(lengths, model.pos_emb.embedding.weight)
-        if self.native and (stack := self.native_layers()) is not None:  # every layer in one kernels.c call
+        if self.native and (stack := self.native_layers()) is not None:  # every layer in one step_kernels.c call
             x = x.contiguous()
             eps = model.layers[0].norm1.eps  # every norm's (``native_layers``)
             kernels.decode_layers(x, stack, eps, self.h, self.cos, self.sin, lengths, self.buffer, first, self.scale)
             return model.head(self.normalize(model.norm_f, x))  # (R, V)
         targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
-        if self.native:  # rotation, cache write and attention in one kernels.c call a layer
+        if self.native:  # rotation, cache write and attention in one step_kernels.c call a layer
             out = x.new_empty(rows, self.h * self.d)  # (R, H d)
             attends = [functools.partial(self.attend_native, target=target, lengths=lengths, first=first, out=out)
                        for target in targets]
@@ -182,7 +183,7 @@ class LeanStep:
         return model.head(self.normalize(model.norm_f, x))  # (R, V)
 
     def native_layers(self) -> ctypes.Array | None:
-        """kernels.c's description of the layers (``kernels.Layer``) where the whole stack can run in one call:
+        """step_kernels.c's description of the layers (``kernels.Layer``) where the whole stack can run in one call:
         every product a ``QuantizedLinear`` in kernels.c's layout, RMSNorm gains of one eps, SwiGLU; else None.
         Made at the first step and kept with the modules it describes: a module replaced since makes it again."""
         held = [layer_parts(layer) for layer in self.model.layers]
@@ -203,7 +204,7 @@ class LeanStep:
         return stack
 
     def normalize(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """RMSNorm or LayerNorm of x (R, D) in one call (``native``: kernels.c's RMSNorm)."""
+        """RMSNorm or LayerNorm of x (R, D) in one call (``native``: step_kernels.c's RMSNorm)."""
         if self.native and type(norm) is RMSNorm and norm.weight is not None:
             return kernels.rms_norm(x, norm.weight, norm.eps)
         return normalize(norm, x)
@@ -233,7 +234,7 @@ class LeanStep:
 
     def attend_native(self, layer: TransformerLayer, h: torch.Tensor, target: torch.Tensor, lengths: torch.Tensor,
                       first: int, out: torch.Tensor) -> torch.Tensor:
-        """``attend`` by kernels.c: the heads (R, H d) of h (R, D), the new keys and values written into target."""
+        """``attend`` by step_kernels.c: the heads (R, H d) of h (R, D), the new keys and values written into target."""
         heads = layer.self_attn.in_proj(h).view(h.shape[0], -1, self.d)  # (R, H + 2 H_kv, d)
         kernels.decode_attention(heads, self.h, self.cos, self.sin, lengths, target, first, self.scale, out)
         return out

@@ -4,8 +4,8 @@ branch and no backend trick (the decoding engine's CPU tricks attach from its ru
     attention.py       MultiHeadAttention: self / cross / causal, grouped heads, the explicit and the fused path
     attention2d.py     2-D self-attention over a grid (the seed's image layer) and its positions
     cache.py           KVCache: a layer's keys and values while decoding
-    kernels.py         lmforge's C kernels (kernels.c: int8 / int4 products, a decoding step's norm, attention and
-                       layers) built on this machine at first use, loaded with ctypes
+    kernels.py         lmforge's C kernels (kernels.c: int8 / int4 products; step_kernels.c: a decoding step's norm,
+                       attention and layers) built on this machine at first use, loaded with ctypes
     layers.py          FeedForward, TransformerLayer (post-LN / pre-LN, optional cross-attention), LayerCache
     lora.py            LoRA and bottleneck adapters wrapped around nn.Linear layers in place
     loss.py            token losses (next-token cross-entropy, ignore index)

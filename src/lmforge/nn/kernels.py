@@ -1,17 +1,17 @@
-"""lmforge's own CPU kernels (kernels.c): int8 / int4 products, and a decoding step's RMSNorm, attention and whole
-layer stack; compiled on this machine at first use, loaded with ctypes.
+"""lmforge's own CPU kernels: int8 / int4 products (kernels.c), and a decoding step's RMSNorm, attention and whole
+layer stack (step_kernels.c); compiled on this machine at first use into one library, loaded with ctypes.
 
 Why: at batch 1 torch's weight-only kernels (``_weight_int4pack_mm_for_cpu``, ``_weight_int8pack_mm``) take
 bfloat16 activations and ran at about half of llama.cpp's pace on the same bytes (docs/benchmarks.md, issue 40).
-kernels.c's int8 product reads float32 activations as they are (no rounding of x or y) and dequantizes each
-weight once for four rows of x; its int4 product rounds x to 8 bits a block of 32 (llama.cpp's scheme) and sums
-each block in integer dot-product instructions (AVX-512 VNNI: 64 multiply-adds an instruction, exact); both add
-the residual in the same pass. A quantized model's layers run in one call a step.
+kernels.c rounds x a block of 32 inputs at a time (int4: to 8 bits, llama.cpp's scheme; int8: to 16, which moves
+SmolLM2's perplexity by nothing measurable) and sums each block in integer dot-product instructions (AVX-512
+VNNI: 64 or 32 multiply-adds an instruction, exact), adding the residual in the same pass; a quantized model's
+layers run in one call a step.
 
-How: ``cc -O3 -march=native -fopenmp -shared`` of kernels.c into ``$LMFORGE_CACHE/kernels/<key>.so``, the key a
-hash of the source, the compiler's version and this CPU's flags (a home folder shared by two machines never runs
-the other's build), written atomically. ``-march=native`` picks the AVX-512 path where the CPU has it, plain C
-loops elsewhere: the same sums in the same order, so the same bits (tests build both). Its OpenMP threads are
+How: ``cc -O3 -march=native -fopenmp -shared`` of the two files into ``$LMFORGE_CACHE/kernels/<key>.so``, the key
+a hash of the sources, the compiler's version and this CPU's flags (a home folder shared by two machines never runs
+the other's build), written atomically. ``-march=native`` picks the AVX-512 (VNNI) code where the CPU has it,
+plain C loops elsewhere: the same sums in the same order, so the same bits (tests build both). Its OpenMP threads are
 torch's own: torch's wheel loads its libgomp.so.1 first, and the build's need of that name is met by the loaded
 copy (one thread pool, not two).
 
@@ -37,7 +37,7 @@ import torch
 
 from lmforge.files import cache_dir, move
 
-SOURCE = Path(__file__).with_name("kernels.c")
+SOURCES = (Path(__file__).with_name("kernels.c"), Path(__file__).with_name("step_kernels.c"))  # one library
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-ffp-contract=off")  # fused only where written
 BLOCK = 32  # int8 / int4: a scale (and a zero) each block of 32 inputs
 SETTING = "LMFORGE_KERNELS"  # "torch": torch's quantized kernels instead of kernels.c
@@ -87,9 +87,9 @@ def compiler() -> str | None:
 
 
 def build_key(cc: str, flags: tuple[str, ...]) -> str:
-    """A hash of what the build depends on: the source, the flags, the compiler and the CPU."""
+    """A hash of what the build depends on: the sources, the flags, the compiler and the CPU."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    parts = (SOURCE.read_bytes(), " ".join(flags).encode(), version.encode(), cpu_flags().encode())
+    parts = (*(s.read_bytes() for s in SOURCES), " ".join(flags).encode(), version.encode(), cpu_flags().encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
 
 
@@ -101,7 +101,7 @@ def build(cc: str, arch: str = "native", openmp: bool = True) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out)], capture_output=True, text=True,
+            done = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", str(out)], capture_output=True, text=True,
                                   timeout=300)
             if done.returncode:
                 errors = [line for line in done.stderr.splitlines() if "error" in line] or ["failed"]

@@ -17,7 +17,7 @@
    a row's bits, and prefills one prompt at a time.
 3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
    model's forward (62), the residual sums fused into the packed products (``packed_add``); its RMSNorm and
-   attention by nn/kernels.c (``native``), and a quantized model's whole layer stack in one kernels.c call. A
+   attention by nn/step_kernels.c (``native``), and a quantized model's whole layer stack in one call of it. A
    lone request steps beside a spare row (``rows_for``) where oneDNN computes a product, so that none computes
    a lone row.
 4. One compiled step (``compile=True``, float32 decoders): the step compiled once for every row and column count

@@ -1,0 +1,257 @@
+/* lmforge's CPU kernels, a decoding step's work besides the products (kernels.c): e^x, RMSNorm, the step's
+ * attention over each row's cache, and a pre-LN decoder's whole layer stack in one call, float32 throughout.
+ * Built with kernels.c into one library (nn/kernels.py); the same rule: a row's bits depend only on its own token
+ * and cache, and the plain-C build (no AVX-512) computes the same bits.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define LANES 16
+
+/* kernels.c's products: y (m, n) = residual + x (m, k) Ŵᵀ + bias */
+void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
+                     const float *bias, const float *residual, float *y, int threads);
+void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
+                     const float *bias, const float *residual, float *y, int threads);
+
+/* e^x in float32, this file's own (glibc's expf is scalar): x clamped to [-87.33654, 88], n = rint(x log2 e),
+ * r = x - n ln 2 (ln 2 in two parts, Cody and Waite), e^r by a degree-7 polynomial (Cephes' expf coefficients,
+ * within 2 ulp), times 2^n from its exponent bits. Each step is one correctly rounded operation or fused
+ * multiply-add, the same in the vector and the scalar form: both builds give the same bits. NaN stays NaN. */
+#define EXP_LO -87.33654f
+#define EXP_HI 88.0f
+static const float exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                  1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_one(float x) {
+    if (x != x) return x;
+    x = x < EXP_LO ? EXP_LO : x;
+    x = x > EXP_HI ? EXP_HI : x;
+    const float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = __builtin_fmaf(n, -0.693359375f, x);
+    r = __builtin_fmaf(n, 2.12194440e-4f, r);
+    float p = exp_poly[0];
+    for (int i = 1; i < 6; i++) p = __builtin_fmaf(p, r, exp_poly[i]);
+    const float y = __builtin_fmaf(p, r * r, r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return y * two_n;
+}
+
+#if defined(__AVX512F__)
+static inline __m512 exp16(__m512 x) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ), x, _mm512_set1_ps(EXP_LO));
+    x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_HI), _CMP_GT_OQ), x, _mm512_set1_ps(EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(exp_poly[0]);
+    for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly[i]));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mask_blend_ps(nan, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)), x);
+}
+#endif
+
+/* y[i] = e^x[i], i < n (y may be x) */
+static void exp_all(const float *x, int64_t n, float *y) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + LANES <= n; i += LANES) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) y[i] = exp_one(x[i]);
+}
+
+void lmforge_exp(const float *x, int64_t n, float *y) { exp_all(x, n, y); }
+
+/* sum_i a_i b_i over n values: 16 lanes, each in order, then the lanes halved three times and the last four
+ * summed as (l0 + l2) + (l1 + l3) */
+#if defined(__AVX512F__)
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m512 lane = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) lane = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), lane);
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        lane = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), lane, m);
+    }
+    const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lane), 1));  /* lanes 8..15 */
+    __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lane), upper);
+    __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+    __m128 pairs = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));  /* (l0 + l2, l1 + l3, ..) */
+    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+#else
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float lane[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) lane[l] = __builtin_fmaf(a[i + l], b[i + l], lane[l]);
+    for (int l = 0; i + l < n; l++) lane[l] = __builtin_fmaf(a[i + l], b[i + l], lane[l]);
+    float half[LANES / 2];
+    for (int l = 0; l < LANES / 2; l++) half[l] = lane[l] + lane[l + LANES / 2];
+    float quarter[LANES / 4];
+    for (int l = 0; l < LANES / 4; l++) quarter[l] = half[l] + half[l + LANES / 4];
+    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+#endif
+
+/* y (m, d) = x / sqrt(mean(x^2) + eps) * w, row by row */
+void lmforge_rms_norm(const float *x, int64_t m, int64_t d, const float *w, float eps, float *y) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * d;
+        const float inv = 1.0f / __builtin_sqrtf(dot(xr, xr, d) / (float)d + eps);
+        for (int64_t i = 0; i < d; i++) y[r * d + i] = xr[i] * inv * w[i];
+    }
+}
+
+/* o (dh) = sum_c e_c V_c / total over the columns in order, lane by lane (a head's weighted values) */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void weigh_vectors(const float *e, const float *values, int64_t columns,
+                                                               const int vectors, float total, float *o) {
+    __m512 acc[8];  /* held in registers: the sums never go through memory column by column */
+    for (int v = 0; v < vectors; v++) acc[v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < columns; c++) {
+        const __m512 weight = _mm512_set1_ps(e[c]);
+        for (int v = 0; v < vectors; v++)
+            acc[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(values + (c * vectors + v) * LANES), acc[v]);
+    }
+    for (int v = 0; v < vectors; v++) _mm512_storeu_ps(o + v * LANES, _mm512_div_ps(acc[v], _mm512_set1_ps(total)));
+}
+#endif
+
+static void weigh_values(const float *e, const float *values, int64_t columns, int64_t dh, float total, float *o) {
+#if defined(__AVX512F__)
+    switch (dh) {  /* the usual head widths, unrolled */
+    case 32: weigh_vectors(e, values, columns, 2, total, o); return;
+    case 64: weigh_vectors(e, values, columns, 4, total, o); return;
+    case 128: weigh_vectors(e, values, columns, 8, total, o); return;
+    default: break;
+    }
+#endif
+    float acc[dh];
+    for (int64_t i = 0; i < dh; i++) acc[i] = 0;
+    for (int64_t c = 0; c < columns; c++)
+        for (int64_t i = 0; i < dh; i++) acc[i] = __builtin_fmaf(e[c], values[c * dh + i], acc[i]);
+    for (int64_t i = 0; i < dh; i++) o[i] = acc[i] / total;
+}
+
+/* out (group, dh) = softmax(scale q K^T) V for a key/value head's query heads q (group, dh), keys and values
+ * (columns, dh): scores, their maximum, the exponentials' sum and the weighted values each in column order */
+static void attend(const float *restrict queries, int64_t group, const float *restrict keys,
+                   const float *restrict values, int64_t columns, int64_t dh, float scale, float *restrict out) {
+    float *restrict scores = __builtin_malloc(group * columns * sizeof(float));
+    for (int64_t j = 0; j < group; j++) {
+        const float *restrict q = queries + j * dh;
+        float *restrict row = scores + j * columns, top = -__builtin_inff(), total = 0;
+        for (int64_t c = 0; c < columns; c++) {
+            row[c] = scale * dot(q, keys + c * dh, dh);
+            top = row[c] > top ? row[c] : top;
+        }
+        for (int64_t c = 0; c < columns; c++) row[c] = row[c] - top;
+        exp_all(row, columns, row);
+        for (int64_t c = 0; c < columns; c++) total += row[c];
+        weigh_values(row, values, columns, dh, total, out + j * dh);
+    }
+    __builtin_free(scores);
+}
+
+/* One decoding step's attention for rows b < rows, each one new token at column lengths[b] of slot first + b:
+ *   qkv (rows, h + 2 hkv, dh)      the token's query, key and value heads (its in-projection)
+ *   cos, sin (positions, dh)       rotary tables (sin with rotate_half's sign: its first half negated), or NULL
+ *   kv (2, slots, hkv, capacity, dh)  the layer's cache: the rotated keys and the values are written at the column
+ *   out (rows, h dh)               softmax(scale q K^T) V over columns 0..lengths[b], query head j reading key/value
+ *                                  head j / (h / hkv)
+ * The query heads are rotated in place in qkv. Scores, their maximum, the exponentials' sum and the weighted values
+ * are each summed in column order: a row's bits depend on nothing but its own token and cache. */
+void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, int64_t dh, const float *cos,
+                              const float *sin, const int64_t *lengths, float *kv, int64_t slots, int64_t capacity,
+                              int64_t first, float scale, float *out, int threads) {
+    const int64_t heads = h + 2 * hkv, half = dh / 2, plane = slots * hkv * capacity * dh;
+    const int64_t group = h / hkv;  /* query heads a key/value head serves */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t task = 0; task < rows * hkv; task++) {
+        const int64_t b = task / hkv, g = task % hkv, columns = lengths[b] + 1, at = lengths[b];
+        float *key = qkv + (b * heads + h + g) * dh, *value = key + hkv * dh;
+        if (cos) {  /* x cos + rotate_half(x) sin, for the task's query heads and its key head */
+            const float *turn_cos = cos + at * dh, *turn_sin = sin + at * dh;
+            float turned[dh];
+            for (int64_t j = 0; j <= group; j++) {
+                float *x = j < group ? qkv + (b * heads + g * group + j) * dh : key;
+                for (int64_t i = 0; i < half; i++) turned[i] = x[i] * turn_cos[i] + x[i + half] * turn_sin[i];
+                for (int64_t i = half; i < dh; i++) turned[i] = x[i] * turn_cos[i] + x[i - half] * turn_sin[i];
+                memcpy(x, turned, sizeof turned);
+            }
+        }
+        float *cache = kv + ((first + b) * hkv + g) * capacity * dh;  /* the key head's; its values a plane on */
+        memcpy(cache + at * dh, key, dh * sizeof(float));  /* the new key and value at column `at` */
+        memcpy(cache + plane + at * dh, value, dh * sizeof(float));
+        attend(qkv + (b * heads + g * group) * dh, group, cache, cache + plane, columns, dh, scale,
+               out + (b * h + g * group) * dh);
+    }
+}
+
+/* ---- a pre-LN decoder's layers, one token a row, in one call ----------------------------------------------- */
+/* The lean step's layer (generation/lean.py) for a model whose products are all quantized, RMSNorm, SwiGLU:
+ *     x = x + W_o attend(norm1(x))
+ *     x = x + W_2 (silu(g) ⊙ u),  [g, u] = W_1 norm2(x)
+ * each piece the function above it in this file, so its bits are those of the calls made one by one (but SwiGLU,
+ * whose exponential is this file's, not torch's). Python's work between the pieces is all that is saved. */
+typedef struct {
+    const void *weight, *scales;  /* a QuantizedLinear in this file's layout */
+    const float *bias;            /* or NULL */
+    int64_t n, k, kind;           /* out, in features; 8 or 4 */
+} product_t;
+
+typedef struct {
+    const float *norm1, *norm2;     /* RMSNorm gains (D,) */
+    product_t qkv, out, up, down;   /* in_proj ((H + 2 H_kv) d, D), out_proj (D, H d), fc1 (2 F, D), fc2 (D, F) */
+} layer_t;
+
+static void product(const product_t *p, const float *x, int64_t m, const float *residual, float *y, int threads) {
+    if (p->kind == 4)
+        lmforge_int4_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
+    else
+        lmforge_int8_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
+}
+
+/* y (m, f) = silu(g) u = g / (1 + e^-g) u for hidden (m, 2 f) = [g | u] row by row (e^-g first, into y) */
+static void swiglu(const float *hidden, int64_t m, int64_t f, float *y) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *g = hidden + r * 2 * f, *u = g + f;
+        float *out = y + r * f;
+        for (int64_t i = 0; i < f; i++) out[i] = -g[i];
+        exp_all(out, f, out);
+        for (int64_t i = 0; i < f; i++) out[i] = g[i] / (1.0f + out[i]) * u[i];
+    }
+}
+
+/* x (rows, D) through every layer, in place; kv (L, 2, slots, hkv, capacity, dh) the layers' caches; scratch of
+ * rows * (2 D + (h + 2 hkv) dh + h dh + 3 F) floats */
+void lmforge_decode_layers(float *x, int64_t rows, const layer_t *layers, int64_t n_layers, float eps, int64_t h,
+                           int64_t hkv, int64_t dh, const float *cos, const float *sin, const int64_t *lengths,
+                           float *kv, int64_t slots, int64_t capacity, int64_t first, float scale, float *scratch,
+                           int threads) {
+    const int64_t d = layers[0].out.n, f = layers[0].down.k, plane = 2 * slots * hkv * capacity * dh;
+    float *normed = scratch, *heads = normed + rows * d, *attended = heads + rows * (h + 2 * hkv) * dh;
+    float *hidden = attended + rows * h * dh, *gated = hidden + rows * 2 * f;
+    for (int64_t l = 0; l < n_layers; l++) {
+        const layer_t *layer = layers + l;
+        lmforge_rms_norm(x, rows, d, layer->norm1, eps, normed);
+        product(&layer->qkv, normed, rows, NULL, heads, threads);
+        lmforge_decode_attention(heads, rows, h, hkv, dh, cos, sin, lengths, kv + l * plane, slots, capacity, first,
+                                 scale, attended, threads);
+        product(&layer->out, attended, rows, x, x, threads);
+        lmforge_rms_norm(x, rows, d, layer->norm2, eps, normed);
+        product(&layer->up, normed, rows, NULL, hidden, threads);
+        swiglu(hidden, rows, f, gated);
+        product(&layer->down, gated, rows, x, x, threads);
+    }
+}
