@@ -55,6 +55,17 @@ def test_probes_that_lose_cost_less_and_less(two_threads):
     assert used.count(1) == 12 and policy.period == 32 and policy.switches == 0
 
 
+def test_steps_that_became_slower_than_at_the_decision_bring_the_probe_forward(two_threads):
+    """A decision taken in a lucky window (2 threads looked fast) or a core taken later: once the count's steps
+    run 1.5x slower than when it was kept, the next probe comes at once, not after the (doubled) period."""
+    now = [0.0]
+    policy = ThreadPolicy(2, every=64, probe=2, clock=lambda: now[0])
+    used = run_steps(policy, {2: 0.004, 1: 0.006}, 4, now)  # free: 2 threads kept, the period doubles
+    assert used == [2, 2, 1, 1] and policy.current == 2 and policy.period == 128
+    used = run_steps(policy, {2: 0.018, 1: 0.006}, 8, now)  # a core taken: one slow step timed, then a probe
+    assert used == [2, 2] + [1] * 6 and policy.current == 1  # (the first step back at 2 is not timed)
+
+
 def test_a_count_within_10_percent_is_not_worth_a_switch(two_threads):
     now = [0.0]
     policy = ThreadPolicy(2, every=4, probe=2, clock=lambda: now[0])

@@ -177,9 +177,10 @@ class ThreadPolicy:
     nearly the same shapes) keeps the faster count. The first step after a change of count is not timed: the
     threads that just stopped still spin for a while and slow it. A probe whose first timed step takes 1.5x the
     current median has lost already and ends there; a probe that keeps the current count doubles the period (up
-    to ``8 * every``: probing a busy core costs), a switch sets it back to ``every``. Only for steps whose bits
-    do not depend on the thread count (packed products, the quantized kernels): switching changes the time, never
-    a token."""
+    to ``8 * every``: probing a busy core costs), a switch sets it back to ``every``. Steps that have become 1.5x
+    slower than at the last decision (a process took a core; a window of 4 steps can also mislead) bring the next
+    probe forward. Only for steps whose bits do not depend on the thread count (packed products, the quantized
+    kernels): switching changes the time, never a token."""
 
     def __init__(self, threads: int, every: int = 128, probe: int = 4,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -190,6 +191,7 @@ class ThreadPolicy:
         self.recent: collections.deque[float] = collections.deque(maxlen=probe)  # times at the current count
         self.trial: list[float] = []  # times at the other count, while probing
         self.last = threads  # the count the last step ran at
+        self.basis = 0.0  # the current count's median step at the last decision
         self.switches = 0
 
     def other(self) -> int:
@@ -219,6 +221,8 @@ class ThreadPolicy:
             return
         if not probing:
             self.recent.append(took)
+            if self.basis and len(self.recent) == self.probe and statistics.median(self.recent) > 1.5 * self.basis:
+                self.steps, self.basis = self.period, 0.0  # slower than when decided: probe now
             return
         self.trial.append(took)
         usual = statistics.median(self.recent)
@@ -228,8 +232,9 @@ class ThreadPolicy:
         if len(trial) == self.probe and statistics.median(trial) < 0.9 * usual:
             self.current, self.switches, self.period = self.other(), self.switches + 1, self.every
             self.recent.clear()
+            self.basis = statistics.median(trial)
         else:
-            self.period = min(2 * self.period, 8 * self.every)
+            self.period, self.basis = min(2 * self.period, 8 * self.every), usual
 
 
 class CpuCall(TorchFunctionMode):
