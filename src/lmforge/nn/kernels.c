@@ -42,7 +42,7 @@ static inline float bf16_float(uint16_t h) {
  * rounding). Then each block's sums are integers, exact in any order: S = Σ q xq (unsigned by signed bytes, four a
  * lane an instruction) and X = Σ xq, and since Ŵ = s (q - 8) + z, a block adds d s S + d m X with m = z - 8 s: two
  * fused multiply-adds a block, in block order. */
-#define XROWS 4   /* rows of x a tile's unpacked weights are used for at once */
+#define XROWS 8   /* rows of x a tile's unpacked weights are used for at once */
 #define PREFETCH 8192
 
 typedef struct {
@@ -179,21 +179,18 @@ static inline __attribute__((always_inline)) void int8_tile(const quantized_t *a
             _mm_prefetch((const char *)(w + 512 * b + PREFETCH + line), _MM_HINT_T0);
         const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * b))), 16));
-        __m512i even[XROWS], odd[XROWS];
-        for (int r = 0; r < t; r++) even[r] = odd[r] = _mm512_setzero_si512();
-        for (int j = 0; j < 16; j += 2) {  /* pairs of inputs: 16 rows' 2 weights, widened to 16 bits */
-            const __m512i q0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 512 * b + 32 * j)));
-            const __m512i q1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 512 * b + 32 * j + 32)));
+        __m512i sums[XROWS];
+        for (int r = 0; r < t; r++) sums[r] = _mm512_setzero_si512();
+        for (int j = 0; j < 16; j++) {  /* pairs of inputs: 16 rows' 2 weights, widened to 16 bits */
+            const __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 512 * b + 32 * j)));
             for (int r = 0; r < t; r++) {
-                const int16_t *xq = a->q16 + (row + r) * k + 32 * b + 2 * j;
-                int32_t two[2];
-                memcpy(two, xq, sizeof two);
-                even[r] = _mm512_dpwssd_epi32(even[r], q0, _mm512_set1_epi32(two[0]));
-                odd[r] = _mm512_dpwssd_epi32(odd[r], q1, _mm512_set1_epi32(two[1]));
+                int32_t two;
+                memcpy(&two, a->q16 + (row + r) * k + 32 * b + 2 * j, sizeof two);
+                sums[r] = _mm512_dpwssd_epi32(sums[r], q, _mm512_set1_epi32(two));
             }
         }
         for (int r = 0; r < t; r++) {
-            const __m512 total = _mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r]));
+            const __m512 total = _mm512_cvtepi32_ps(sums[r]);
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a->d[(row + r) * (k / 32) + b]), s), total, acc[r]);
         }
     }
@@ -249,6 +246,10 @@ static inline __attribute__((always_inline)) void tile_rows(const quantized_t *a
         const int64_t t = m - r < XROWS ? m - r : XROWS;
         __m512 out[XROWS];
         switch (t) {  /* a constant count of rows for each call: the sums stay in registers */
+        case 8: tile_products(a, r, 8, k, w, scales, kind, out); break;
+        case 7: tile_products(a, r, 7, k, w, scales, kind, out); break;
+        case 6: tile_products(a, r, 6, k, w, scales, kind, out); break;
+        case 5: tile_products(a, r, 5, k, w, scales, kind, out); break;
         case 4: tile_products(a, r, 4, k, w, scales, kind, out); break;
         case 3: tile_products(a, r, 3, k, w, scales, kind, out); break;
         case 2: tile_products(a, r, 2, k, w, scales, kind, out); break;
