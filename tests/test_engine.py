@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -204,6 +205,18 @@ def test_requests_that_cannot_fit_are_one_line(gpt):
         engine.submit(Request([], max_new_tokens=5))
     with pytest.raises(LmforgeError, match="stop_strings: the engine needs the tokenizer"):
         engine.submit(Request([1, 2], stop_strings=["x"]))
+    vocab = gpt.config.vocab_size
+    engine.submit(Request(np.array([1, 2]), max_new_tokens=5))  # NumPy's integers are ids
+    for ids in ([1, vocab], [-1, 2], [1.0, 2]):  # ids that index no embedding, or are no ids
+        with pytest.raises(LmforgeError, match=rf"prompt: Request.ids must be a list of token ids; got not all token "
+                                               rf"ids in \[0, {vocab}\)"):
+            engine.submit(Request(ids, max_new_tokens=5))
+
+    class Encoding(list):  # what a tokenizer's encode returns: the ids are its .ids
+        ids = (1, 2)
+
+    with pytest.raises(LmforgeError, match=r"got a tokenizer's Encoding \(its .ids are the token ids\)"):
+        engine.submit(Request(Encoding([1, 2]), max_new_tokens=5))
 
 
 def test_buckets():

@@ -22,6 +22,7 @@ request that still fails ends ("error").
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Callable, Sequence
 
@@ -58,6 +59,14 @@ def same_prompts(arrivals: list[tuple[int, Generation]]) -> tuple[list[tuple[int
     return kept, twins
 
 
+def token_ids(ids, vocab: int) -> bool:
+    """Whether every element of ``ids`` is an integer (int, NumPy's, a 0-d integer tensor) in [0, vocab)."""
+    try:
+        return all(0 <= operator.index(i) < vocab for i in ids)
+    except TypeError:
+        return False
+
+
 class Engine:
     """Continuous batching over a fixed number of slots (see the module docstring).
 
@@ -74,6 +83,7 @@ class Engine:
         context = model.config.max_positions
         self.tokenizer, self.seq2seq = tokenizer, is_encoder_decoder(model)
         self.capacity = min(capacity or min(context, 2048), context)
+        self.vocab = model.config.vocab_size  # a prompt's ids must index its embeddings
         self.ids = special_ids(model, tokenizer, start=start_id)  # an encoder-decoder without a start: one line
         self.runner = make_runner(model, slots, self.capacity, min(memory or context, context),
                                   self.ids.decoder_start, prefix_blocks, self.ids.pad, compile, runner)
@@ -102,6 +112,10 @@ class Engine:
 
     def check(self, r: Request) -> None:
         """Settings that cannot be served are one line, before the request waits."""
+        if hasattr(r.ids, "ids") or not token_ids(r.ids, self.vocab):
+            what = "a tokenizer's Encoding (its .ids are the token ids)" if hasattr(r.ids, "ids") else \
+                f"not all token ids in [0, {self.vocab})"
+            raise LmforgeError(f"prompt: Request.ids must be a list of token ids; got {what}")
         n, limit = len(r.ids), self.runner.memory if self.seq2seq else self.capacity
         if n == 0:
             raise LmforgeError("prompt: every prompt needs at least one token")
