@@ -226,3 +226,27 @@ def test_a_quantized_models_layers_in_one_kernels_call_give_the_layer_by_layer_l
     assert lean.native_layers() is not None
     model.layers[1].ffn.fc2 = torch.nn.Linear(96, 288)
     assert lean.native_layers() is None
+
+
+@pytest.mark.skipif(kernels.library() is None, reason="kernels.c could not be built here (no C compiler)")
+def test_the_one_call_follows_tensors_remade_under_it():
+    """``model.float()`` re-makes every quantized product's bfloat16 scales (new tensors, the modules the same)
+    between two requests of one engine: the one call's description is made again from them, never left pointing
+    at the freed ones (whose memory the allocator hands out again); the logits stay those of before (the old
+    code decoded garbage here)."""
+    from lmforge.nn.quant import quantize
+
+    model = smollm2_shaped(n_layers=4, d_model=288, vocab_size=304)
+    quantize(model, "int4")
+    engine = Engine(model, slots=2)
+
+    def logits() -> torch.Tensor:
+        handle = engine.submit(Request([5, 17, 3, 99], max_new_tokens=6, stop_ids=[], keep_logits=True))
+        engine.run()
+        return torch.stack(handle.logits)
+
+    before, described = logits(), engine.runner.lean._stack[1]
+    model.float()
+    junk = [torch.full((1 << 16,), 1e30) for _ in range(64)]  # what would fill the freed scales
+    assert torch.equal(logits(), before) and engine.runner.lean._stack[1] is not described
+    del junk

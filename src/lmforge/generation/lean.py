@@ -45,7 +45,7 @@ import ctypes
 import functools
 import weakref
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -99,11 +99,27 @@ def normalize(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def layer_parts(layer: TransformerLayer) -> tuple[nn.Module, ...]:
-    """norm1, norm2, the attention, the feed-forward and its four products (in, out, fc1, fc2): read from the
-    modules' own tables (fast: a step checks them all)."""
+    """norm1, norm2, the attention, the feed-forward and its four products (in, out, fc1, fc2)."""
     attention, ffn = layer._modules["self_attn"], layer._modules["ffn"]
     return (layer._modules["norm1"], layer._modules["norm2"], attention, ffn, attention._modules["in_proj"],
             attention._modules["out_proj"], ffn._modules["fc1"], ffn._modules["fc2"])
+
+
+def watched(model: Decoder) -> list[tuple[dict, str, Any]]:
+    """(table, key, value) of every module and tensor a ``kernels.Layer`` description depends on: the layers, their
+    parts, the norms' gains and each product's weight, scales and bias, as the modules' own tables hold them. A
+    step checks each entry still holds its value (fast: a dict lookup each); one replaced (another module, or a
+    tensor re-made, as ``model.float()`` re-makes a product's scales) must never leave the C side reading freed
+    memory."""
+    entries = [(model.layers._modules, key, layer) for key, layer in model.layers._modules.items()]
+    for layer in model.layers:
+        attention, ffn = layer._modules["self_attn"], layer._modules["ffn"]
+        for parent, keys in ((layer, ("norm1", "norm2", "self_attn", "ffn")), (attention, ("in_proj", "out_proj")),
+                             (ffn, ("fc1", "fc2"))):
+            entries += [(parent._modules, key, parent._modules[key]) for key in keys]
+        for part in layer_parts(layer)[:2] + layer_parts(layer)[4:]:
+            entries += [(table, key, t) for table in (part._parameters, part._buffers) for key, t in table.items()]
+    return entries
 
 
 class StepTensors(NamedTuple):
@@ -129,7 +145,7 @@ class LeanStep:
                  add_product: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = add_product,
                  native: bool = False) -> None:
         self.model, self.buffer, self.add_product = model, caches.buffer, add_product
-        self._stack: tuple[list, ctypes.Array | None] | None = None  # ``native_layers``: (modules, description)
+        self._stack: tuple[list, ctypes.Array | None] | None = None  # ``native_layers``: (watched, description)
         # the attention as one fused call (F.scaled_dot_product_attention with the bias as its mask) instead of the
         # four above: fewer kernels on a GPU, to be chosen by measurement there (bench/gpu_step.py --attention)
         self.fused = False
@@ -185,13 +201,12 @@ class LeanStep:
     def native_layers(self) -> ctypes.Array | None:
         """step_kernels.c's description of the layers (``kernels.Layer``) where the whole stack can run in one call:
         every product a ``QuantizedLinear`` in kernels.c's layout, RMSNorm gains of one eps, SwiGLU; else None.
-        Made at the first step and kept with the modules it describes: a module replaced since makes it again."""
-        held = [layer_parts(layer) for layer in self.model.layers]
-        if self._stack is not None and all(a is b for x, y in zip(held, self._stack[0], strict=True)
-                                           for a, b in zip(x, y, strict=True)):
+        Made at the first step and kept with what it describes: a module or tensor replaced since makes it again."""
+        if self._stack is not None and all(table.get(key) is value for table, key, value in self._stack[0]):
             return self._stack[1]
+        held = [layer_parts(layer) for layer in self.model.layers]
         norms = [m for modules in held for m in modules[:2]]
-        products = [m for modules in held for m in modules[4:]]
+        products = [m for modules in held for m in modules[4:8]]
         fit = all(type(m) is RMSNorm and m.weight is not None and m.eps == norms[0].eps for m in norms) and \
             all(type(m) is QuantizedLinear and m.layout == "lmforge" for m in products) and \
             all(modules[3].gated for modules in held) and self.model.pos_emb is None
@@ -200,7 +215,7 @@ class LeanStep:
             stack = (kernels.Layer * len(held))(*[kernels.Layer(
                 n1.weight.data_ptr(), n2.weight.data_ptr(), *(kernels.product_of(m) for m in (qkv, out, up, down)))
                 for n1, n2, _, _, qkv, out, up, down in held])
-        self._stack = held, stack
+        self._stack = watched(self.model), stack
         return stack
 
     def normalize(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
