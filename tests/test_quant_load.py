@@ -176,7 +176,8 @@ def test_load_with_dtype_int4_keeps_a_gguf_q4_file_as_stored(gguf_file):
 
 
 @pytest.mark.parametrize(("written", "dtype", "group"), [("f32", "int8", 32), ("q8_0", "int4", 32),
-                                                          ("q4_1", "int8", 64), ("f32", "int4", 64)])
+                                                          ("q8_0", "int8", 32), ("q4_1", "int8", 64),
+                                                          ("f32", "int4", 64)])
 def test_a_gguf_load_quantizes_each_layer_as_it_reads_it_as_quantize_would(written, dtype, group, tmp_path):
     """``load(file, dtype=int8 | int4)`` quantizes each block matrix as it is read (no float32 model: the peak
     is tests/test_loading.py's): every layer the same bits as the float32 load quantized whole, the same layers
