@@ -93,3 +93,23 @@ def test_switching_threads_changes_no_logit(two_threads):
     flipping = ThreadPolicy(2, every=1, probe=1)
     flipping.record = lambda *_, **__: setattr(flipping, "current", flipping.other())  # every step flips
     assert all(torch.equal(a, b) for a, b in zip(logits(flipping), logits(None), strict=True))
+
+
+def test_switching_threads_changes_no_sampled_token(two_threads):
+    """Sampling (temperature, top-k, top-p, seeds) runs at the policy's count too: the same tokens whether the
+    count flips every step or stays at 2."""
+    torch.manual_seed(0)
+    model = Decoder(get_preset("gpt-tiny", vocab_size=50000, n_layers=2, dropout=0.0,
+                               attention_dropout=0.0)).eval()
+
+    def tokens(policy: ThreadPolicy | None) -> list[list[int]]:
+        engine = Engine(model, slots=8)
+        engine.runner.threads = policy
+        handles = [engine.submit(Request([5 + i, 7, 9], max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=100,
+                                         seed=i, stop_ids=[])) for i in range(8)]
+        engine.run()
+        return [h.tokens for h in handles]
+
+    flipping = ThreadPolicy(2, every=1, probe=1)
+    flipping.record = lambda *_, **__: setattr(flipping, "current", flipping.other())  # every step flips
+    assert tokens(flipping) == tokens(None)

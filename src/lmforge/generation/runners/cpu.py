@@ -314,6 +314,13 @@ class CpuRunner(EagerRunner):
             return super().groups(arrivals)
         return [(group[0], [one]) for group in super().groups(arrivals) for one in group[1]]
 
+    def choose(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
+        """The eager runner's choice at the count steps run at now: at two threads the (49,152-wide) argmax or
+        draw woke the second thread every step, on a core another process holds (a token's choice does not
+        depend on the thread count: tests/test_thread_policy.py)."""
+        with self.threads.follow() if self.threads else contextlib.nullcontext():
+            return super().choose(logits, slots)
+
     def call_prefill(self, *args):
         with CpuCall(), self.products.attached() if self.products else contextlib.nullcontext(), \
                 self.threads.follow() if self.threads else contextlib.nullcontext():
