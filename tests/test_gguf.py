@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.interop.gguf import dequantize, load_gguf, permute, read_gguf, unpermute, write_gguf
+from lmforge.interop.gguf import dequantize, load_gguf, permute, read_gguf, unpermute
+from lmforge.interop.gguf_write import write_gguf
 from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
 from lmforge.models import Decoder
 from lmforge.models.config import DecoderConfig

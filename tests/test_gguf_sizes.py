@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from lmforge.interop.gguf import write_gguf
+from lmforge.interop.gguf_write import write_gguf
 from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
 
 pytest.importorskip("gguf", reason="the gguf package (lmforge[gguf], in the dev extra) reads GGUF files")

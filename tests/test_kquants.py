@@ -39,7 +39,8 @@ def k_quant_files(tmp_path, monkeypatch, kind: str, d_model: int = 256):
     dequantizes those blocks to. (quantized file, F32 twin, the original model)."""
     import torch
 
-    import lmforge.interop.gguf as writer
+    import lmforge.interop.gguf_write as writer
+    from lmforge.interop.gguf import unpermute
     from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
     from lmforge.models import Decoder
     from lmforge.models.config import DecoderConfig
@@ -71,7 +72,7 @@ def k_quant_files(tmp_path, monkeypatch, kind: str, d_model: int = 256):
             continue
         values = next(matrices)
         heads = hf_config["num_attention_heads"] if "q_proj" in name else hf_config["num_key_value_heads"]
-        twin[name] = torch.from_numpy(writer.unpermute(values, heads) if "q_proj" in name or "k_proj" in name
+        twin[name] = torch.from_numpy(unpermute(values, heads) if "q_proj" in name or "k_proj" in name
                                       else values)
     plain = writer.write_gguf(tmp_path / "f32.gguf", hf_config, twin, byte_tokenizer(), dtype="f32")
     assert held

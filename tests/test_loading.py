@@ -48,7 +48,7 @@ def byte_tokenizer(vocab: int = 300):
 
 def write_gguf_model(model: Decoder, path: Path, kind: str = "f32") -> Path:
     pytest.importorskip("gguf", reason="the gguf package (lmforge[gguf], in the dev extra) writes GGUF files")
-    from lmforge.interop.gguf import write_gguf
+    from lmforge.interop.gguf_write import write_gguf
 
     return write_gguf(path, llama_config_from_decoder(model.config),
                       llama_state_from_decoder(model.state_dict(), model.config), byte_tokenizer(), None, kind)
@@ -264,8 +264,9 @@ def test_a_tied_q8_0_embedding_loads_as_the_int4_models_int8_head_without_a_floa
     rows, and no float32 embedding is ever made; the logits follow those of the same file loaded as float32 and
     then quantized (whose head requantizes the dequantized embedding), to a small fraction of their spread."""
     pytest.importorskip("gguf", reason="the gguf package (lmforge[gguf], in the dev extra) writes GGUF files")
-    from lmforge.interop.gguf import read_gguf, write_gguf
+    from lmforge.interop.gguf import read_gguf
     from lmforge.interop.gguf_file import dequantize
+    from lmforge.interop.gguf_write import write_gguf
     from lmforge.nn.quant import QuantizedEmbedding, QuantizedLinear, quantize
 
     model = llama(vocab=304)

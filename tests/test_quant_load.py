@@ -14,8 +14,9 @@ from lmforge.cli import main
 from lmforge.errors import LmforgeError
 from lmforge.generation import generate
 from lmforge.interop.directories import check_dtype
-from lmforge.interop.gguf import load_gguf, read_gguf, write_gguf
+from lmforge.interop.gguf import load_gguf, read_gguf
 from lmforge.interop.gguf_file import int4_blocks
+from lmforge.interop.gguf_write import write_gguf
 from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
 from lmforge.models import Decoder, build_model, get_preset
 from lmforge.models.registry import save_pretrained

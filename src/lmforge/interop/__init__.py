@@ -6,7 +6,8 @@
     gpt2.py         GPT-2's Hugging Face weight names <-> lmforge's Decoder
     llama.py        Llama-family checkpoints <-> the one Decoder with its modern switches
     peft.py         a LoRA fine-tune as Hugging Face PEFT reads it, or merged into a plain model
-    gguf.py         GGUF (llama.cpp's one-file format) in and out, tensors dequantized on load
+    gguf.py         GGUF (llama.cpp's one-file format) read: the model, its tokenizer, tensors kept or quantized
+    gguf_write.py   GGUF written (convert --to-gguf): metadata, tokenizer, tensors in llama.cpp's names
     gguf_file.py    the GGUF container read by hand: every declared size checked against the file first
     kquants.py      llama.cpp's K-quant blocks (Q4_K, Q5_K, Q6_K) dequantized, as ggml computes them
 """

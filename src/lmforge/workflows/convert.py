@@ -93,7 +93,7 @@ def quantized_out(source: Path, weights: Weights, out: Path):
 def gguf_out(source: Path, out: Path, options: ConvertOptions):
     """An lmforge Llama-shaped decoder directory -> one GGUF file (atomic), its tokenizer and chat template in it."""
     from lmforge.interop.directories import load
-    from lmforge.interop.gguf import write_gguf
+    from lmforge.interop.gguf_write import write_gguf
     from lmforge.interop.huggingface import unpadded
     from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
     from lmforge.models.decoder import Decoder
