@@ -113,3 +113,16 @@ def test_switching_threads_changes_no_sampled_token(two_threads):
     flipping = ThreadPolicy(2, every=1, probe=1)
     flipping.record = lambda *_, **__: setattr(flipping, "current", flipping.other())  # every step flips
     assert tokens(flipping) == tokens(None)
+
+
+def test_an_engines_probes_end_with_a_decision(two_threads):
+    """In a real engine (each step's token chosen between two steps, at the count that step ran at), a probe's
+    steps are timed and end with a decision: the choice between steps once reset the count and left every probe
+    step untimed, a probe at one thread that never ended."""
+    torch.manual_seed(0)
+    model = Decoder(get_preset("gpt-tiny", vocab_size=300, n_layers=2, dropout=0.0, attention_dropout=0.0)).eval()
+    engine = Engine(model, slots=2)
+    policy = engine.runner.threads = ThreadPolicy(2, every=4, probe=2)
+    engine.submit(Request([5, 7, 9], max_new_tokens=40, stop_ids=[]))
+    engine.run()
+    assert policy.decisions >= 3

@@ -192,7 +192,7 @@ class ThreadPolicy:
         self.trial: list[float] = []  # times at the other count, while probing
         self.last = threads  # the count the last step ran at
         self.basis = 0.0  # the current count's median step at the last decision
-        self.switches = 0
+        self.switches = self.decisions = 0
 
     def other(self) -> int:
         return self.counts[1] if self.current == self.counts[0] else self.counts[0]
@@ -209,6 +209,11 @@ class ThreadPolicy:
             finally:
                 changed, self.last = count != self.last, count
                 self.record(self.clock() - began, probing, timed=not changed)
+
+    def after(self) -> contextlib.AbstractContextManager:
+        """Run a call at the count the last step ran at (its token's choice: no change of count in between, so a
+        probe's steps stay timed)."""
+        return threads_at(self.last)
 
     def follow(self) -> contextlib.AbstractContextManager:
         """Run a call at the count steps run at now, untimed (a prefill: its shapes vary too much to compare)."""
@@ -228,7 +233,7 @@ class ThreadPolicy:
         usual = statistics.median(self.recent)
         if len(self.trial) < self.probe and took < 1.5 * usual:
             return
-        trial, self.trial, self.steps = self.trial, [], 0
+        trial, self.trial, self.steps, self.decisions = self.trial, [], 0, self.decisions + 1
         if len(trial) == self.probe and statistics.median(trial) < 0.9 * usual:
             self.current, self.switches, self.period = self.other(), self.switches + 1, self.every
             self.recent.clear()
@@ -315,10 +320,10 @@ class CpuRunner(EagerRunner):
         return [(group[0], [one]) for group in super().groups(arrivals) for one in group[1]]
 
     def choose(self, logits: torch.Tensor, slots: list[int]) -> list[int]:
-        """The eager runner's choice at the count steps run at now: at two threads the (49,152-wide) argmax or
+        """The eager runner's choice at the count its step ran at: at two threads the (49,152-wide) argmax or
         draw woke the second thread every step, on a core another process holds (a token's choice does not
         depend on the thread count: tests/test_thread_policy.py)."""
-        with self.threads.follow() if self.threads else contextlib.nullcontext():
+        with self.threads.after() if self.threads else contextlib.nullcontext():
             return super().choose(logits, slots)
 
     def call_prefill(self, *args):
