@@ -112,8 +112,9 @@ class Engine:
 
     def check(self, r: Request) -> None:
         """Settings that cannot be served are one line, before the request waits."""
-        if hasattr(r.ids, "ids") or not token_ids(r.ids, self.vocab):
-            what = "a tokenizer's Encoding (its .ids are the token ids)" if hasattr(r.ids, "ids") else \
+        encoding = hasattr(r.ids, "ids")
+        if encoding or not token_ids(r.ids, self.vocab):
+            what = "a tokenizer's Encoding (its .ids are the token ids)" if encoding else \
                 f"not all token ids in [0, {self.vocab})"
             raise LmforgeError(f"prompt: Request.ids must be a list of token ids; got {what}")
         n, limit = len(r.ids), self.runner.memory if self.seq2seq else self.capacity

@@ -113,11 +113,10 @@ def watched(model: Decoder) -> list[tuple[dict, str, Any]]:
     memory."""
     entries = [(model.layers._modules, key, layer) for key, layer in model.layers._modules.items()]
     for layer in model.layers:
-        attention, ffn = layer._modules["self_attn"], layer._modules["ffn"]
-        for parent, keys in ((layer, ("norm1", "norm2", "self_attn", "ffn")), (attention, ("in_proj", "out_proj")),
-                             (ffn, ("fc1", "fc2"))):
-            entries += [(parent._modules, key, parent._modules[key]) for key in keys]
-        for part in layer_parts(layer)[:2] + layer_parts(layer)[4:]:
+        parts = layer_parts(layer)
+        for parent in (layer, *parts[2:4]):  # the layer, its attention and feed-forward: their modules
+            entries += [(parent._modules, key, module) for key, module in parent._modules.items()]
+        for part in parts[:2] + parts[4:]:  # the norms and the products: their tensors
             entries += [(table, key, t) for table in (part._parameters, part._buffers) for key, t in table.items()]
     return entries
 
