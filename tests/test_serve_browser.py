@@ -38,8 +38,29 @@ if not (CHROMIUM and CHROMEDRIVER):
 from conftest import headless_chromium  # noqa: E402
 from serve_helpers import chat_model, live_server  # noqa: E402
 
-# Records every text the answer bubble shows, as it changes (a MutationObserver on the conversation).
+# Records every text the answer bubble shows, as it changes (a MutationObserver on the conversation). The page's
+# stream reaches it one server-sent event a read, 20 ms apart: a fast engine's events otherwise arrive in one or two
+# network reads, which the page rightly shows at once, and "it grew" would measure the engine's speed, not the page.
 WATCH = """
+const realFetch = window.fetch;
+window.fetch = async (url, options) => {
+  const response = await realFetch(url, options);
+  if (!String(url).endsWith('/v1/chat/completions') || !response.ok) return response;
+  const reader = response.body.getReader(), decoder = new TextDecoder(), encoder = new TextEncoder();
+  let pending = '';
+  const events = new ReadableStream({async pull(controller) {
+    while (!pending.includes('\\n\\n')) {
+      const {value, done} = await reader.read();
+      if (done) { if (pending) controller.enqueue(encoder.encode(pending)); controller.close(); return; }
+      pending += decoder.decode(value, {stream: true});
+    }
+    const end = pending.indexOf('\\n\\n') + 2;
+    controller.enqueue(encoder.encode(pending.slice(0, end)));
+    pending = pending.slice(end);
+    await new Promise(resolve => setTimeout(resolve, 20));
+  }});
+  return new Response(events, {status: response.status, headers: response.headers});
+};
 window.seen = [];
 new MutationObserver(() => {
   const bubbles = document.querySelectorAll('#messages .message.assistant');

@@ -63,6 +63,21 @@ def test_the_engine_follows_openais_formula_alone_and_batched(folder):
     assert len(set(map(tuple, alone))) > 1  # the settings change the text: the test can tell them apart
 
 
+
+def test_a_slot_keeps_nothing_of_its_last_requests_penalties(folder):
+    """A request without bias or penalties, taken into a slot a penalised one left, beside a penalised one (so that
+    the step adds the slots' shifts): its own greedy tokens (the slot's old counts were once added to it)."""
+    import lmforge
+
+    model, tok = lmforge.load(folder)
+    prompt = tok.encode("the cat sat on the mat and the dog", add_special_tokens=False).ids
+    lm = LM(model.eval(), tok, slots=2)
+    plain, *penalised = [Request(prompt, max_new_tokens=12, stop_ids=[], **s) for s in SETTINGS]
+    lm.run([penalised[2]])  # slot 0 now holds its counts and bias
+    got = lm.run([plain, penalised[0]])
+    assert got[0].tokens == reference(model, prompt, 12, 0.0, 0.0, {})
+    assert got[1].tokens == reference(model, prompt, 12, 1.2, 0.0, {})
+
 def test_the_server_reads_them_and_refuses_bad_ones(folder):
     with live_server(folder, slots=4) as (url, service):
         token = service.tokenizer.vocab.get("Ġcat", 50)

@@ -137,7 +137,7 @@ class EagerRunner:
     # -- a slot's own state ---------------------------------------------------------------------------------------
     def begin(self, i: int, request: Request) -> None:
         """Slot i's sampling settings, random stream and (with a repetition penalty) the tokens of its text."""
-        r = request
+        r, last = request, self.requests[i]
         self.requests[i] = r
         self.generators[i] = r.generator or (torch.Generator(self.device).manual_seed(r.seed)
                                              if r.seed is not None else None)
@@ -147,8 +147,8 @@ class EagerRunner:
             self.seen[i] = False
             if not self.seq2seq:
                 self.seen[i].index_fill_(0, upload(list(r.ids), self.device), True)
-        if shifts(r):  # OpenAI's bias and penalties: the penalties count generated tokens only
-            self.shift[i] = 0.0
+        if shifts(r) or (last is not None and shifts(last)):  # a row holds its own request's shift, else zeros
+            self.shift[i] = 0.0  # (OpenAI's bias and penalties: the penalties count generated tokens only)
             self.generated[i] = set()
             if r.logit_bias:
                 ids, bias = zip(*r.logit_bias.items(), strict=True)
