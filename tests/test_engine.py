@@ -260,9 +260,10 @@ def test_unmerged_lora_is_not_packed(llama):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_packed_products_give_a_row_the_same_bits_beside_any_number_of_rows(threads):
-    """What batched == alone rests on: a row of a packed product (runners/cpu.py) has the same bits for every row
-    count from 1 to 40 (an engine's steps) and 64, on 1 and 2 threads (the server's), with and without bias, on
-    SmolLM2's shapes; and it is F.linear's value to float rounding."""
+    """What batched == alone rests on: a row of a packed product (runners/cpu.py: kernels.c's float32 kernel, or
+    oneDNN's for a width it does not hold, 300) has the same bits for every row count from 1 to 40 (an engine's
+    steps) and 64, on 1 and 2 threads (the server's), with and without bias, on SmolLM2's shapes; and it is
+    F.linear's value to float rounding."""
     from lmforge.generation.runners.cpu import PackedProducts
 
     before = torch.get_num_threads()
@@ -295,8 +296,9 @@ def test_packed_products_reach_every_projection_for_the_runners_calls_only(monke
 
     calls, packed = [], []
     real, real_product = cpu.packed_weight, cpu.packed_product
-    monkeypatch.setattr(cpu, "packed_weight", lambda layer: calls.append(tuple(layer.weight.shape)) or real(layer))
-    monkeypatch.setattr(cpu, "packed_product", lambda x, w, b: packed.append(1) or real_product(x, w, b))
+    monkeypatch.setattr(cpu, "packed_weight", lambda layer, tiles=False: calls.append(tuple(layer.weight.shape))
+                        or real(layer, tiles))
+    monkeypatch.setattr(cpu, "packed_product", lambda x, w, b, r=None: packed.append(1) or real_product(x, w, b, r))
     model = Decoder(get_preset("gpt-tiny")).eval()
     ids = torch.tensor([[1, 2, 3]])
     products = cpu.PackedProducts(model)

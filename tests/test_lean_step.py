@@ -203,17 +203,18 @@ def test_the_native_norm_and_attention_give_the_torch_calls_logits():
 
 
 @pytest.mark.skipif(kernels.library() is None, reason="kernels.c could not be built here (no C compiler)")
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp32"])
 def test_a_quantized_models_layers_in_one_kernels_call_give_the_layer_by_layer_logits(kind):
-    """Every product quantized in kernels.c's layout, RMSNorm, SwiGLU: the lean step runs all the layers in one
-    kernels.c call (``native_layers``). Its logits against the same step layer by layer in Python (kernels.c's
-    norm and attention, then torch's calls): to float rounding, which the products' rounding of their activations
-    (a block of 32 to 8 or 16 bits) can carry one step further; a replaced module turns the one call off."""
+    """Every product quantized in kernels.c's layout (or float32, with the CPU runner's kernels.c copy attached),
+    RMSNorm, SwiGLU: the lean step runs all the layers in one step_kernels.c call (``native_layers``). Its logits
+    against the same step layer by layer in Python (the C norm and attention, then torch's calls): to float
+    rounding, which the quantized products' rounding of their activations (a block of 32 to 8 or 16 bits) can carry
+    one step further; a replaced module turns the one call off."""
     from lmforge.nn.quant import quantize
 
     # heads of 32 and 304 tokens: every width a multiple of the int4 group, the head's rows of 16 (kernels.c's head)
     model = smollm2_shaped(n_layers=4, d_model=288, vocab_size=304)
-    assert quantize(model, kind) == []
+    assert kind == "fp32" or quantize(model, kind) == []
     runs = {(native, stack): lean_logits(model, native=native, **({} if stack else {"native_layers": lambda: None}))
             for native, stack in ((True, True), (True, False), (False, False))}
     for (native, stack), (_, lean) in runs.items():
@@ -222,10 +223,12 @@ def test_a_quantized_models_layers_in_one_kernels_call_give_the_layer_by_layer_l
     for other in (runs[True, False][0], runs[False, False][0]):
         for a, b in zip(one_call, other, strict=True):
             torch.testing.assert_close(a, b, atol=2e-4, rtol=0)
-    lean = Engine(model, slots=2).runner.lean
-    assert lean.native_layers() is not None
-    model.layers[1].ffn.fc2 = torch.nn.Linear(96, 288)
-    assert lean.native_layers() is None
+    runner = Engine(model, slots=2).runner
+    with runner.calling():  # a step's products (float32: their kernels.c copies attached)
+        assert runner.lean.native_layers() is not None
+    model.layers[1].ffn.fc2 = torch.nn.Linear(96, 288)  # float32 too: the runner found its layers once, not this one
+    with runner.calling():
+        assert runner.lean.native_layers() is None
 
 
 @pytest.mark.skipif(kernels.library() is None, reason="kernels.c could not be built here (no C compiler)")

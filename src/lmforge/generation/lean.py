@@ -105,6 +105,12 @@ def layer_parts(layer: TransformerLayer) -> tuple[nn.Module, ...]:
             attention._modules["out_proj"], ffn._modules["fc1"], ffn._modules["fc2"])
 
 
+def native_float(layer: nn.Module) -> bool:
+    """A float32 ``nn.Linear`` whose kernels.c copy (``kernels.pack_float``) the CPU runner has attached."""
+    packed = layer.__dict__.get("packed")
+    return type(layer) is nn.Linear and packed is not None and packed.dim() == 3
+
+
 def watched(model: Decoder) -> list[tuple[dict, str, Any]]:
     """(table, key, value) of every module and tensor a ``kernels.Layer`` description depends on: the layers, their
     parts, the norms' gains and each product's weight, scales and bias, as the modules' own tables hold them. A
@@ -118,6 +124,8 @@ def watched(model: Decoder) -> list[tuple[dict, str, Any]]:
             entries += [(parent._modules, key, module) for key, module in parent._modules.items()]
         for part in parts[:2] + parts[4:]:  # the norms and the products: their tensors
             entries += [(table, key, t) for table in (part._parameters, part._buffers) for key, t in table.items()]
+            if isinstance(part, nn.Linear):  # the CPU runner's float32 copy, attached for the step
+                entries.append((part.__dict__, "packed", part.__dict__.get("packed")))
     return entries
 
 
@@ -199,7 +207,8 @@ class LeanStep:
 
     def native_layers(self) -> ctypes.Array | None:
         """step_kernels.c's description of the layers (``kernels.Layer``) where the whole stack can run in one call:
-        every product a ``QuantizedLinear`` in kernels.c's layout, RMSNorm gains of one eps, SwiGLU; else None.
+        every product a ``QuantizedLinear`` in kernels.c's layout or a float32 one with its kernels.c copy attached,
+        RMSNorm gains of one eps, SwiGLU; else None.
         Made at the first step and kept with what it describes: a module or tensor replaced since makes it again."""
         if self._stack is not None and all(table.get(key) is value for table, key, value in self._stack[0]):
             return self._stack[1]
@@ -207,7 +216,7 @@ class LeanStep:
         norms = [m for modules in held for m in modules[:2]]
         products = [m for modules in held for m in modules[4:8]]
         fit = all(type(m) is RMSNorm and m.weight is not None and m.eps == norms[0].eps for m in norms) and \
-            all(type(m) is QuantizedLinear and m.layout == "lmforge" for m in products) and \
+            all((type(m) is QuantizedLinear and m.layout == "lmforge") or native_float(m) for m in products) and \
             all(modules[3].gated for modules in held) and self.model.pos_emb is None
         stack = None
         if fit:

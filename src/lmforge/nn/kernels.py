@@ -51,6 +51,8 @@ SIGNATURES = {
     "lmforge_rms_norm": (P, I64, I64, P, ctypes.c_float, P),
     # x, n, y
     "lmforge_exp": (P, I64, P),
+    # x, m, k, w, n, bias, residual, y, threads
+    "lmforge_f32_mm": (P, I64, I64, P, I64, P, P, P, INT),
     # qkv, rows, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, out, threads
     "lmforge_decode_attention": (P, I64, I64, I64, I64, P, P, P, P, I64, I64, I64, ctypes.c_float, P, INT),
     # x, rows, layers, n_layers, eps, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, scratch, threads
@@ -164,6 +166,27 @@ def product(kind: str, x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, b
     return y
 
 
+def float_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + x Wᵀ + bias for x (..., K) float32 and w ``pack_float``'s (N / 16, K, 16); residual (..., N) or
+    None. -> (..., N) float32: each output summed over k in order, the same bits alone or among any rows."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    n = w.shape[0] * 16
+    y = rows.new_empty(rows.shape[0], n)
+    if residual is not None:
+        residual = residual.reshape(-1, n).contiguous()
+    library().lmforge_f32_mm(rows.data_ptr(), rows.shape[0], rows.shape[1], w.data_ptr(), n, pointer(bias),
+                             pointer(residual), y.data_ptr(), torch.get_num_threads())
+    return y.reshape(*x.shape[:-1], n)
+
+
+def pack_float(w: torch.Tensor) -> torch.Tensor:
+    """W (N, K) float32, N a multiple of 16 -> (N / 16, K, 16): w[t, i, r] = W[16t + r, i] (kernels.c's float32
+    layout)."""
+    n, k = w.shape
+    return w.detach().reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+
+
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e^x for x float32 contiguous: kernels.c's own exponential (softmax's and SwiGLU's), within ~1 ulp of the
     float64 value on [-87.3, 88] and saturating outside it (e^88 for larger x)."""
@@ -192,7 +215,10 @@ def decode_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor | None, si
 
 
 def product_of(layer: torch.nn.Module) -> Product:
-    """A ``QuantizedLinear`` in kernels.c's layout, as ``decode_layers`` reads it."""
+    """A ``QuantizedLinear`` in kernels.c's layout, or an ``nn.Linear`` with its ``pack_float`` copy attached as
+    ``layer.packed`` (the CPU runner's), as ``decode_layers`` reads it."""
+    if isinstance(layer, torch.nn.Linear):
+        return Product(layer.packed.data_ptr(), None, pointer(layer.bias), layer.out_features, layer.in_features, 32)
     return Product(layer.weight.data_ptr(), layer.scales.data_ptr(), pointer(layer.bias), layer.out_features,
                    layer.in_features, 8 if layer.kind == "int8" else 4)
 

@@ -47,6 +47,7 @@ from lmforge.generation.lean import LeanStep, add_product, fits
 from lmforge.generation.runners.eager import EagerRunner, decoder_step
 from lmforge.generation.slots import MIN_ROWS, multiples
 from lmforge.models.interfaces import is_encoder_decoder
+from lmforge.nn import kernels
 
 ROWS_HINT = 16  # the row count oneDNN's packed layout is chosen for (any count computes)
 _PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (weight key, weight ref, packed)
@@ -70,24 +71,34 @@ def packable(model: nn.Module) -> bool:
                for m in model.modules() if any(p.dim() == 2 for p in m.parameters(recurse=False)))
 
 
-def packed_weight(layer: nn.Linear) -> torch.Tensor:
-    """The layer's weight in oneDNN's layout, made again when the weight has changed since the last call (another
-    tensor, other storage, or an in-place update)."""
-    w = layer.weight
-    key = (w.data_ptr(), -1 if w.is_inference() else w._version)
+def tiled(layer: nn.Linear) -> bool:
+    """Whether a layer's products run on kernels.c's float32 kernel (built here, rows of W a multiple of 16)."""
+    return kernels.library() is not None and layer.out_features % 16 == 0
+
+
+def packed_weight(layer: nn.Linear, tiles: bool = False) -> torch.Tensor:
+    """The layer's weight in kernels.c's float32 layout (``tiles`` where it fits: ``kernels.pack_float``) or
+    oneDNN's, made again when the weight has changed since the last call (another tensor, other storage, or an
+    in-place update)."""
+    w, tiles = layer._parameters["weight"], tiles and tiled(layer)
+    key = (w.data_ptr(), -1 if w.is_inference() else w._version, tiles)
     held = _PACKS.get(layer)
     if held is None or held[0] != key or held[1]() is not w:
-        held = key, weakref.ref(w), torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT)
+        packed = kernels.pack_float(w) if tiles else torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT)
+        held = key, weakref.ref(w), packed
         _PACKS[layer] = held
     return held[2]
 
 
 def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
-    """oneDNN's product of x (..., in) and a packed weight (plus ``residual`` (..., out), summed in the same call:
-    the bits of the product and the sum made apart). A lone row is computed as two (the row twice): on AVX-512
-    machines oneDNN takes another kernel for one row of some widths, whose bits differ (the engine's steps compute
-    at least two rows: ``CpuRunner.rows_for``)."""
+    """The product of x (..., in) and a packed weight (plus ``residual`` (..., out), summed in the same call: the
+    bits of the product and the sum made apart). kernels.c's layout (3 axes): its float32 kernel, whose bits never
+    depend on the row count. oneDNN's: a lone row is computed as two (the row twice): on AVX-512 machines oneDNN
+    takes another kernel for one row of some widths, whose bits differ (the engine's steps compute at least two
+    rows there: ``CpuRunner.rows_for``)."""
+    if packed.dim() == 3:
+        return kernels.float_product(x, packed, bias, residual)
     if x.numel() != x.shape[-1]:
         if residual is None:
             return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
@@ -127,6 +138,7 @@ class PackedProducts:
 
     def __init__(self, model: nn.Module, compiled: bool = False) -> None:
         self.layers = [m for m in model.modules() if isinstance(m, nn.Linear)]  # found once
+        self.tiles = not compiled  # kernels.c's float32 products where they fit; a graph keeps oneDNN's operator
         product = packed_linear if compiled else packed_product
         self.forwards = [self.forward_of(layer, product) for layer in self.layers]  # made once: a graph guards them
 
@@ -141,13 +153,16 @@ class PackedProducts:
 
     @contextlib.contextmanager
     def attached(self) -> Iterator[None]:
+        # the instances' own dicts, not nn.Module's __setattr__ / __delattr__: a step attaches ~120 of them
         for layer, forward in zip(self.layers, self.forwards, strict=True):
-            layer.packed, layer.forward = packed_weight(layer), forward
+            table = layer.__dict__
+            table["packed"], table["forward"] = packed_weight(layer, self.tiles), forward
         try:
             yield
         finally:
             for layer in self.layers:
-                del layer.packed, layer.forward
+                table = layer.__dict__
+                del table["packed"], table["forward"]
 
 
 # -- the thread policy --------------------------------------------------------------------------------------------
@@ -268,9 +283,10 @@ class CpuRunner(EagerRunner):
     def __init__(self, model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
                  prefix_blocks: int = 0, pad_id: int = 0, compile: bool = False) -> None:
         self.packed, self.dynamic = packable(model), compile
-        # a spare row beside a lone one where oneDNN computes a product (not in a model whose products are all
-        # quantized: kernels.c's bits never depend on the row count)
-        self.spare_row = self.packed and any(type(m) is nn.Linear for m in model.modules())
+        # a spare row beside a lone one where oneDNN computes a product (a compiled step's, or a layer kernels.c's
+        # float32 kernel does not hold: its bits, like the quantized kernels', never depend on the row count)
+        self.spare_row = self.packed and any(type(m) is nn.Linear and (compile or not tiled(m))
+                                             for m in model.modules())
         if compile and not fits_one_graph(model):
             raise LmforgeError("compile: the CPU's one step graph is for float32 decoders (packed products); this "
                                "model is not one (use compile=False, or the compiled runner: runner='compiled')")
