@@ -83,6 +83,31 @@ def test_the_portable_build_gives_the_avx512_builds_bits(kind, monkeypatch):
         assert torch.equal(a, b)
 
 
+
+@needs_build
+def test_the_float32_product_gives_a_row_the_same_bits_among_any_rows_and_on_the_portable_build(monkeypatch):
+    """kernels.c's float32 product (the CPU runner's for float32 decoders): each output one sum over the inputs in
+    order, so a row alone (one tile at a time), among 7 or 19 rows (pairs of tiles, 8 rows a pass) and on the plain C
+    build has the same bits; against the float64 product to float32 rounding; bias and residual added after."""
+    g = torch.Generator().manual_seed(5)
+    w, bias = torch.randn(48, 200, generator=g), torch.randn(48, generator=g)  # 3 tiles: a pair and a lone one
+    x, residual = torch.randn(19, 200, generator=g), torch.randn(19, 48, generator=g)
+    packed = kernels.pack_float(w)
+    assert packed.shape == (3, 200, 16) and torch.equal(packed[1, :, 5], w[21])
+    runs = []
+    for build in ("native", "x86-64") if platform.machine() in ("x86_64", "AMD64") else ("native",):
+        if build != "native":
+            portable = kernels.load(kernels.build(kernels.compiler(), build))
+            monkeypatch.setattr(kernels, "library", lambda portable=portable: portable)
+        whole = kernels.float_product(x, packed, bias, residual)
+        alone = torch.cat([kernels.float_product(x[i:i + 1], packed, bias, residual[i:i + 1]) for i in range(19)])
+        seven = kernels.float_product(x[:7], packed, None)
+        assert torch.equal(whole, alone) and torch.equal(seven, kernels.float_product(x, packed, None)[:7])
+        runs.append(whole)
+    reference = (x.double() @ w.double().T + bias.double() + residual.double()).float()
+    torch.testing.assert_close(runs[0], reference, rtol=0, atol=2e-4)
+    assert all(torch.equal(run, runs[0]) for run in runs)
+
 # -- a decoding step's other kernels, against the NumPy references --------------------------------------------------
 def rotary_tables(positions: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (P, d) as the lean step lays them out: angle j and j + d/2 equal, sin's first half negated."""
