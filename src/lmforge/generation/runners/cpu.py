@@ -1,11 +1,13 @@
 """The CPU runner: the eager runner's calls made fast and batch-invariant on a CPU. Every CPU trick lives here.
 
 1. Packed products. Inside the runner's calls, each float32 ``nn.Linear`` multiplies by a *packed* copy of its
-   weight (``PackedProducts``): the weight reordered once into the blocked layout oneDNN's kernels read
-   (``torch.ops.mkldnn``), instead of BLAS repacking panels of W at every call. A row's output then has the same
-   bits whatever the number of rows beside it and the thread count, which a plain product does not give (MKL
-   picks other kernels and thread splits by row count): so a step computes exactly its active rows and a request
-   gets the same logits alone or beside 15 others. Packed products differ from ``F.linear`` by float rounding
+   weight (``PackedProducts``): the weight reordered once into the tiles kernels.c's float32 product reads
+   (``kernels.pack_float``: 16 rows of W input by input, each output summed in order), or, in a compiled step or
+   without a C compiler, the blocked layout oneDNN's kernels read (``torch.ops.mkldnn``), instead of BLAS
+   repacking panels of W at every call. A row's output then has the same bits whatever the number of rows beside
+   it and the thread count, which a plain product does not give (MKL picks other kernels and thread splits by row
+   count): so a step computes exactly its active rows and a request gets the same logits alone or beside 15
+   others. Packed products differ from ``F.linear`` by float rounding
    only; the packed copy is made at a layer's first call and again when its weight changed (the weight's memory
    twice over while served). The model's layers are plain ``nn.Linear``: the runner attaches the packed forward
    to each for the length of its call and takes it away after.
@@ -17,9 +19,9 @@
    a row's bits, and prefills one prompt at a time.
 3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
    model's forward (62), the residual sums fused into the packed products (``packed_add``); its RMSNorm and
-   attention by nn/step_kernels.c (``native``), and a quantized model's whole layer stack in one call of it. A
-   lone request steps beside a spare row (``rows_for``) where oneDNN computes a product, so that none computes
-   a lone row.
+   attention by nn/step_kernels.c (``native``), and a quantized or float32 Llama-family model's whole layer stack
+   in one call of it. A lone request steps beside a spare row (``rows_for``) where oneDNN computes a product, so
+   that none computes a lone row.
 4. One compiled step (``compile=True``, float32 decoders): the step compiled once for every row and column count
    (``dynamic=True``), the packed products kept whole in the graph as an operator (``lmforge::packed_linear``) and
    the many small operations between them fused. Prefills stay eager.
