@@ -64,7 +64,7 @@ def test_the_kernels_share_torchs_openmp_runtime():
 
 @needs_build
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build is x86-64's baseline")
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int8-q8", "int4"])
 def test_the_portable_build_gives_the_avx512_builds_bits(kind, monkeypatch):
     """kernels.c without AVX-512 (-march=x86-64: the plain C loops) computes every output in the same order as
     the vector code: the same bits, so a machine without AVX-512 decodes as this one does."""
@@ -72,8 +72,9 @@ def test_the_portable_build_gives_the_avx512_builds_bits(kind, monkeypatch):
     portable = kernels.load(kernels.build(kernels.compiler(), "x86-64"))
     g = torch.Generator().manual_seed(3)
     w = torch.randn(64, 96, generator=g) * 0.1
-    layer = QuantizedLinear.int8(*quantize_int8(w), bias=torch.randn(64, generator=g)) if kind == "int8" else \
+    layer = QuantizedLinear.int8(*quantize_int8(w), bias=torch.randn(64, generator=g)) if kind != "int4" else \
         QuantizedLinear.int4(*quantize_int4(w), bias=torch.randn(64, generator=g))
+    layer.activations = 8 if kind != "int8" else 16  # int8-q8: an int4 model's int8 head's (match_activations)
     x, residual = torch.randn(7, 96, generator=g), torch.randn(7, 64, generator=g)
     outputs = []
     for lib in (native, portable):

@@ -163,14 +163,17 @@ def test_a_layer_saved_in_one_layout_loads_in_the_other_with_the_same_weights(ki
 
 
 # -- the product ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int8-q8", "int4"])
 @pytest.mark.parametrize("shape", [(32, 64), (96, 160), (64, 256)])
 def test_the_kernels_product_equals_the_float64_reference_within_its_rounding(kind, shape, layout):
+    """int8-q8: an int8 layer with 8-bit activations (an int4 model's head, ``match_activations``)."""
     n, k = shape
     linear = nn.Linear(k, n)
     with torch.no_grad():
         linear.weight.copy_(weights(n, k, 3))
-    layer = QuantizedLinear.from_linear(linear, kind)
+    layer = QuantizedLinear.from_linear(linear, kind[:4])
+    layer.activations = 8 if kind != "int8" else 16
+    kind = kind[:4]
     assert layer.layout == layout
     x = torch.randn(2, 7, k, generator=torch.Generator().manual_seed(4))
     y = layer(x)
@@ -178,7 +181,7 @@ def test_the_kernels_product_equals_the_float64_reference_within_its_rounding(ki
     w = layer.dequantized().double().numpy()
     xs = x.double().numpy()
     if layout == "lmforge":  # kernels.c's products round the activations a block first: int4 to 8 bits, int8 16
-        xs = dequantize_activations(*quantize_activations(x.numpy(), 127 if kind == "int4" else 32767))
+        xs = dequantize_activations(*quantize_activations(x.numpy(), 127 if layer.activations == 8 else 32767))
     ref = quantized_linear(xs, w, linear.bias.detach().double().numpy())
     error = np.abs(y.double().numpy() - ref)
     int4_kernel = layout == "lmforge" and kind == "int4"
@@ -243,7 +246,8 @@ def llama() -> Decoder:
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantize_replaces_every_linear_and_makes_the_head_int8(kind, layout):
-    """Every linear layer quantized; the head (300 rows: the vocabulary) int8 whatever the kind, quantized from
+    """Every linear layer quantized; the head (300 rows: the vocabulary) int8 whatever the kind (with int4, its
+    activations rounded to 8 bits, as the int4 layers round theirs: ``match_activations``), quantized from
     the tied embedding, whose lookups then read the head's rows (its float32 matrix gone): each within a step of
     the float row; ``state_dict`` still gives the embedding as float32 rows."""
     model = llama()
@@ -253,6 +257,7 @@ def test_quantize_replaces_every_linear_and_makes_the_head_int8(kind, layout):
     assert len(layers) == 9 and not any(isinstance(m, nn.Linear | nn.Embedding) for m in model.modules())
     head = layers["lm_head.proj"]
     assert head.kind == "int8" and layers["layers.0.ffn.fc1"].kind == kind
+    assert head.activations == (8 if kind == "int4" else 16)  # an int4 model's head rounds x as its layers do
     assert isinstance(model.tok_emb, QuantizedEmbedding) and not list(model.tok_emb.parameters())
     ids = torch.tensor([[0, 5, 299], [7, 7, 1]])
     assert torch.equal(model.tok_emb(ids), head.dequantized()[ids])

@@ -232,10 +232,10 @@ def test_convert_quantize_writes_a_checksummed_directory_that_loads_back_to_iden
     back, tok = lmforge.load(tmp_path / "q")
     direct, _ = lmforge.load(path, dtype="int4")
     layers = [(name, m) for name, m in direct.named_modules() if isinstance(m, QuantizedLinear)]
-    assert len(layers) == 9
+    assert len(layers) == 9 and direct.get_submodule("lm_head.proj").activations == 8  # an int4 model's head
     for name, layer in layers:
         other = back.get_submodule(name)
-        assert (other.kind, other.group) == (layer.kind, layer.group)
+        assert (other.kind, other.group, other.activations) == (layer.kind, layer.group, layer.activations)
         assert torch.equal(other.weight, layer.weight) and torch.equal(other.scales, layer.scales), name
     ids = torch.randint(3, 250, (1, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

@@ -408,7 +408,7 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None, group: int = 32
     from lmforge.interop.llama import decoder_config_from_llama, decoder_state_from_llama
     from lmforge.models.decoder import Decoder
     from lmforge.models.registry import load_weights
-    from lmforge.nn.quant import QuantizedEmbedding, quantized_layer
+    from lmforge.nn.quant import QuantizedEmbedding, match_activations, quantized_layer
 
     model = read_gguf(path)
     config = decoder_config_from_llama(model.hf_config, str(model.path))
@@ -454,6 +454,7 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None, group: int = 32
     for name, layer in layers.items():  # the float nn.Linear (never written) goes; the quantized layer comes
         parent, _, attr = name.removesuffix(".weight").rpartition(".")
         setattr(decoder.get_submodule(parent), attr, layer)
+    match_activations(decoder)
     return decoder.eval(), tok
 
 

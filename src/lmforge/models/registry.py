@@ -222,9 +222,10 @@ def load_pretrained(directory: str | os.PathLike, device: str | torch.device | N
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, layer)
     if quantized:
-        from lmforge.nn.quant import tie_embedding
+        from lmforge.nn.quant import match_activations, tie_embedding
 
         tie_embedding(model)  # as ``quantize`` left it: the embedding's rows from the int8 head
+        match_activations(model)  # and the int8 head's activations an int4 model's
     if device is not None:
         model.to(device)
     return model.eval()

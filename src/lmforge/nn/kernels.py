@@ -47,6 +47,7 @@ SIGNATURES = {
     "lmforge_int4_mm": (P, I64, I64, P, P, I64, P, P, P, INT),
     # x, m, k, w, scales, n, bias, residual, y, threads
     "lmforge_int8_mm": (P, I64, I64, P, P, I64, P, P, P, INT),
+    "lmforge_int8_q8_mm": (P, I64, I64, P, P, I64, P, P, P, INT),  # the same, 8-bit activations
     # x, m, d, w, eps, y
     "lmforge_rms_norm": (P, I64, I64, P, ctypes.c_float, P),
     # x, n, y
@@ -154,13 +155,15 @@ def pointer(t: torch.Tensor | None) -> int | None:
 
 
 def product(kind: str, x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-            residual: torch.Tensor | None) -> torch.Tensor:
+            residual: torch.Tensor | None, activations: int = 16) -> torch.Tensor:
     """residual + x Ŵᵀ + bias for x (M, K) float32 contiguous, w and scales in kernels.c's ``kind`` layout ("int4":
     ``pack_int4``'s weight and scale-zero pairs; "int8": ``pack_int8``'s); residual (M, N) or None. -> (M, N)
-    float32."""
+    float32. int8's ``activations``: x rounded to 16 bits a block, or to 8 (int4's are always 8)."""
     m, k = x.shape
     y = x.new_empty(m, w.shape[0] * 16)  # w's first axis: the tiles of 16 rows
-    call = library().lmforge_int4_mm if kind == "int4" else library().lmforge_int8_mm
+    lib = library()
+    call = lib.lmforge_int4_mm if kind == "int4" else lib.lmforge_int8_q8_mm if activations == 8 else \
+        lib.lmforge_int8_mm
     call(x.data_ptr(), m, k, w.data_ptr(), scales.data_ptr(), y.shape[1], pointer(bias), pointer(residual),
          y.data_ptr(), torch.get_num_threads())
     return y
@@ -219,8 +222,9 @@ def product_of(layer: torch.nn.Module) -> Product:
     ``layer.packed`` (the CPU runner's), as ``decode_layers`` reads it."""
     if isinstance(layer, torch.nn.Linear):
         return Product(layer.packed.data_ptr(), None, pointer(layer.bias), layer.out_features, layer.in_features, 32)
+    kind = 4 if layer.kind == "int4" else 8 if layer.activations == 16 else 9  # kernels.c's INT8_Q8: 9
     return Product(layer.weight.data_ptr(), layer.scales.data_ptr(), pointer(layer.bias), layer.out_features,
-                   layer.in_features, 8 if layer.kind == "int8" else 4)
+                   layer.in_features, kind)
 
 
 def decode_layers(x: torch.Tensor, layers: ctypes.Array, eps: float, heads: int, cos: torch.Tensor | None,

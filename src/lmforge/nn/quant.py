@@ -27,7 +27,8 @@ differs by at most (K + 2) 2^-24 sum_k |x_k Ŵ_nk| (float32 accumulation and deq
 kernels 2^-8 |y| (its bfloat16 rounding) + 2^-8 sum_k |x_k Ŵ_nk| (the inputs' rounding). kernels.c's int4
 product is the float64 product of its 8-bit activations (``reference.quant.quantize_activations``) up to float32
 rounding (``int4_bound``); those move x by at most half a step, d / 2, an input (SmolLM2's perplexity +0.16%
-against float32 activations' -0.01%: docs/benchmarks.md).
+against float32 activations' -0.01%: docs/benchmarks.md; +0.34% with the int8 head's x rounded to 8 bits too,
+``match_activations``).
 
 ``quantize(model, "int4")`` replaces a model's ``nn.Linear`` layers in place, the tied LM head included (its own
 int8 copy, which the embedding's lookups then read: ``QuantizedEmbedding``). At batch 1 the 49152 x 576 head of
@@ -167,6 +168,7 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"kind {kind!r} is not one of {KINDS}")
         self.in_features, self.out_features, self.kind, self.group = in_features, out_features, kind, group
         self.layout = layout
+        self.activations = 8 if kind == "int4" else 16  # kernels.c's rounding of x: int8's may be 8 (match_activations)
         self.register_buffer("weight", aligned(weight))
         self.register_buffer("scales", scales.to(torch.bfloat16).contiguous())
         self.bias = nn.Parameter(bias.detach().float().clone(), requires_grad=False) if bias is not None else None
@@ -233,11 +235,11 @@ class QuantizedLinear(nn.Module):
         if self.layout == "lmforge":
             if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and (residual is None or (
                     residual.dtype == torch.float32 and residual.is_contiguous())):  # a decoding step's case
-                return kernels.product(self.kind, x, self.weight, self.scales, self.bias, residual)
+                return kernels.product(self.kind, x, self.weight, self.scales, self.bias, residual, self.activations)
             rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
             if residual is not None:
                 residual = residual.reshape(-1, self.out_features).to(torch.float32).contiguous()
-            y = kernels.product(self.kind, rows, self.weight, self.scales, self.bias, residual)
+            y = kernels.product(self.kind, rows, self.weight, self.scales, self.bias, residual, self.activations)
             return y.to(x.dtype if x.is_floating_point() else torch.float32).reshape(*x.shape[:-1], -1)
         rows = x.reshape(-1, self.in_features)
         xb = rows.new_empty(rows.shape, dtype=torch.bfloat16).copy_(rows)  # (M, K): a fresh, aligned copy
@@ -328,8 +330,9 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         group = f", group={self.group}"
+        activations = ", 8-bit activations" if self.kind == "int8" and self.activations == 8 else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}{group}, " \
-               f"bias={self.bias is not None}, layout={self.layout}"
+               f"bias={self.bias is not None}, layout={self.layout}{activations}"
 
 
 class QuantizedEmbedding(nn.Module):
@@ -379,6 +382,19 @@ def quantized_layer(w: torch.Tensor, kind: str, group: int = GROUP) -> Quantized
         return None if unsupported(w.shape[0], w.shape[1], kind, group) else QuantizedLinear.from_weight(w, kind, group)
 
 
+def match_activations(model: nn.Module) -> None:
+    """A model with int4 layers has its int8 ones (the LM head) round their activations to 8 bits a block, as its
+    int4 layers do and as llama.cpp multiplies a Q4 model's Q8_0 head: the byte products do twice the 16-bit ones'
+    work an instruction (SmolLM2's 16-row head: 2.0 -> 1.1 ms), and int4's perplexity bound (3%) has the room
+    (docs/models.md). Without int4 layers, int8 keeps 16 bits: 8 cost int8's perplexity 0.58%, past its 0.5%.
+    Called wherever a quantized model is made: ``quantize``, a directory's load, ``load_gguf``."""
+    layers = [m for m in model.modules() if type(m) is QuantizedLinear]
+    bits = 8 if any(m.kind == "int4" for m in layers) else 16
+    for m in layers:
+        if m.kind == "int8":
+            m.activations = bits
+
+
 def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None = "int8") -> list[str]:
     """Replace every float ``nn.Linear`` of ``model`` (a CPU model: the loader checks, ``interop.directories``)
     by a ``QuantizedLinear`` in place; the names of the layers left float (a shape the kernels cannot hold)
@@ -406,4 +422,5 @@ def quantize(model: nn.Module, kind: str, group: int = GROUP, head: str | None =
             setattr(model.get_submodule(parent) if parent else model, attr,
                     QuantizedLinear.from_linear(linear, this, group))
     tie_embedding(model)
+    match_activations(model)
     return kept

@@ -17,6 +17,8 @@ void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, con
                      const float *bias, const float *residual, float *y, int threads);
 void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
                      const float *bias, const float *residual, float *y, int threads);
+void lmforge_int8_q8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
+                        const float *bias, const float *residual, float *y, int threads);
 void lmforge_f32_mm(const float *x, int64_t m, int64_t k, const float *w, int64_t n, const float *bias,
                     const float *residual, float *y, int threads);
 
@@ -241,7 +243,8 @@ void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, 
 typedef struct {
     const void *weight, *scales;  /* a QuantizedLinear in this file's layout */
     const float *bias;            /* or NULL */
-    int64_t n, k, kind;           /* out, in features; 8, 4 or 32 (float32: weight only, scales NULL) */
+    int64_t n, k, kind;           /* out, in features; 8, 9 (int8, 8-bit activations), 4 or 32 (float32:
+                                     weight only, scales NULL) */
 } product_t;
 
 typedef struct {
@@ -254,6 +257,8 @@ static void product(const product_t *p, const float *x, int64_t m, const float *
         lmforge_f32_mm(x, m, p->k, p->weight, p->n, p->bias, residual, y, threads);
     else if (p->kind == 4)
         lmforge_int4_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
+    else if (p->kind == 9)
+        lmforge_int8_q8_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
     else
         lmforge_int8_mm(x, m, p->k, p->weight, p->scales, p->n, p->bias, residual, y, threads);
 }
