@@ -46,6 +46,13 @@ static inline float bf16_float(uint16_t h) {
 #define PREFETCH 8192
 #define INT8_Q8 9  /* a kind beside 4 and 8: int8 weights by 8-bit activations */
 
+/* the 4 bytes at p as one int32 (a broadcast operand: the compiler reads it within the dot-product instruction) */
+static inline int32_t four_bytes(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 typedef struct {
     int8_t *q;      /* (m, k) xq, 8 bits (int4's products) */
     int16_t *q16;   /* or 16 bits (int8's) */
@@ -125,11 +132,9 @@ static inline __attribute__((always_inline)) void int4_tile(const quantized_t *a
         for (int r = 0; r < t; r++) {
             const int8_t *xq = a->q + (row + r) * k + 32 * b;
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g += 2) {
-                int32_t four[2];
-                memcpy(four, xq + 4 * g, sizeof four);
-                even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four[0]));
-                odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four[1]));
+            for (int g = 0; g < 8; g += 2) {  /* x's four bytes broadcast from memory within the instruction */
+                even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four_bytes(xq + 4 * g)));
+                odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four_bytes(xq + 4 * g + 4)));
             }
             const __m512 total = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));  /* S, exact */
             const __m512 d = _mm512_set1_ps(a->d[(row + r) * (k / 32) + b]);
@@ -185,9 +190,8 @@ static inline __attribute__((always_inline)) void int8_tile(const quantized_t *a
         for (int j = 0; j < 16; j++) {  /* pairs of inputs: 16 rows' 2 weights, widened to 16 bits */
             const __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 512 * b + 32 * j)));
             for (int r = 0; r < t; r++) {
-                int32_t two;
-                memcpy(&two, a->q16 + (row + r) * k + 32 * b + 2 * j, sizeof two);
-                sums[r] = _mm512_dpwssd_epi32(sums[r], q, _mm512_set1_epi32(two));
+                sums[r] = _mm512_dpwssd_epi32(sums[r], q, _mm512_set1_epi32(
+                    four_bytes(a->q16 + (row + r) * k + 32 * b + 2 * j)));
             }
         }
         for (int r = 0; r < t; r++) {
@@ -226,11 +230,9 @@ static inline __attribute__((always_inline)) void int8_q8_tile(const quantized_t
         for (int r = 0; r < t; r++) {
             const int8_t *xq = a->q + (row + r) * k + 32 * b;
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g += 2) {
-                int32_t four[2];
-                memcpy(four, xq + 4 * g, sizeof four);
-                even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four[0]));
-                odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four[1]));
+            for (int g = 0; g < 8; g += 2) {  /* x's four bytes broadcast from memory within the instruction */
+                even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four_bytes(xq + 4 * g)));
+                odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four_bytes(xq + 4 * g + 4)));
             }
             const __m512 total = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)),
                                                _mm512_set1_ps(128.0f * a->sum[(row + r) * (k / 32) + b]));
