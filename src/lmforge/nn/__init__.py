@@ -5,7 +5,8 @@ branch and no backend trick (the decoding engine's CPU tricks attach from its ru
     attention2d.py     2-D self-attention over a grid (the seed's image layer) and its positions
     cache.py           KVCache: a layer's keys and values while decoding
     kernels.py         lmforge's C kernels (kernels.c: int8 / int4 products; step_kernels.c: a decoding step's norm,
-                       attention and layers) built on this machine at first use, loaded with ctypes
+                       attention and layers; float_kernels.c: float32 products) built on this machine at first
+                       use, loaded with ctypes
     layers.py          FeedForward, TransformerLayer (post-LN / pre-LN, optional cross-attention), LayerCache
     lora.py            LoRA and bottleneck adapters wrapped around nn.Linear layers in place
     loss.py            token losses (next-token cross-entropy, ignore index)

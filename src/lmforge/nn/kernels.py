@@ -1,5 +1,6 @@
-"""lmforge's own CPU kernels: int8 / int4 products (kernels.c), and a decoding step's RMSNorm, attention and whole
-layer stack (step_kernels.c); compiled on this machine at first use into one library, loaded with ctypes.
+"""lmforge's own CPU kernels: int8 / int4 products (kernels.c), a decoding step's RMSNorm, attention and whole
+layer stack (step_kernels.c) and a float32 model's products (float_kernels.c); compiled on this machine at first
+use into one library, loaded with ctypes.
 
 Why: at batch 1 torch's weight-only kernels (``_weight_int4pack_mm_for_cpu``, ``_weight_int8pack_mm``) take
 bfloat16 activations and ran at about half of llama.cpp's pace on the same bytes (docs/benchmarks.md, issue 40).
@@ -8,7 +9,7 @@ SmolLM2's perplexity by nothing measurable) and sums each block in integer dot-p
 VNNI: 64 or 32 multiply-adds an instruction, exact), adding the residual in the same pass; a quantized model's
 layers run in one call a step.
 
-How: ``cc -O3 -march=native -fopenmp -shared`` of the two files into ``$LMFORGE_CACHE/kernels/<key>.so``, the key
+How: ``cc -O3 -march=native -fopenmp -shared`` of the three files into ``$LMFORGE_CACHE/kernels/<key>.so``, the key
 a hash of the sources, the compiler's version and this CPU's flags (a home folder shared by two machines never runs
 the other's build), written atomically. ``-march=native`` picks the AVX-512 (VNNI) code where the CPU has it,
 plain C loops elsewhere: the same sums in the same order, so the same bits (tests build both). Its OpenMP threads are
@@ -37,7 +38,7 @@ import torch
 
 from lmforge.files import cache_dir, move
 
-SOURCES = (Path(__file__).with_name("kernels.c"), Path(__file__).with_name("step_kernels.c"))  # one library
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("kernels.c", "step_kernels.c", "float_kernels.c"))
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-ffp-contract=off")  # fused only where written
 BLOCK = 32  # int8 / int4: a scale (and a zero) each block of 32 inputs
 SETTING = "LMFORGE_KERNELS"  # "torch": torch's quantized kernels instead of kernels.c
