@@ -106,7 +106,7 @@ def layer_parts(layer: TransformerLayer) -> tuple[nn.Module, ...]:
 
 
 def native_float(layer: nn.Module) -> bool:
-    """A float32 ``nn.Linear`` whose kernels.c copy (``kernels.pack_float``) the CPU runner has attached."""
+    """A float32 ``nn.Linear`` whose float_kernels.c copy (``kernels.pack_float``) the CPU runner has attached."""
     packed = layer.__dict__.get("packed")
     return type(layer) is nn.Linear and packed is not None and packed.dim() == 3
 
@@ -207,8 +207,8 @@ class LeanStep:
 
     def native_layers(self) -> ctypes.Array | None:
         """step_kernels.c's description of the layers (``kernels.Layer``) where the whole stack can run in one call:
-        every product a ``QuantizedLinear`` in kernels.c's layout or a float32 one with its kernels.c copy attached,
-        RMSNorm gains of one eps, SwiGLU; else None.
+        every product a ``QuantizedLinear`` in kernels.c's layout or a float32 one with its float_kernels.c copy
+        attached, RMSNorm gains of one eps, SwiGLU; else None.
         Made at the first step and kept with what it describes: a module or tensor replaced since makes it again."""
         if self._stack is not None and all(table.get(key) is value for table, key, value in self._stack[0]):
             return self._stack[1]

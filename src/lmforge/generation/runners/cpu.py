@@ -1,7 +1,7 @@
 """The CPU runner: the eager runner's calls made fast and batch-invariant on a CPU. Every CPU trick lives here.
 
 1. Packed products. Inside the runner's calls, each float32 ``nn.Linear`` multiplies by a *packed* copy of its
-   weight (``PackedProducts``): the weight reordered once into the tiles kernels.c's float32 product reads
+   weight (``PackedProducts``): the weight reordered once into the tiles float_kernels.c's product reads
    (``kernels.pack_float``: 16 rows of W input by input, each output summed in order), or, in a compiled step or
    without a C compiler, the blocked layout oneDNN's kernels read (``torch.ops.mkldnn``), instead of BLAS
    repacking panels of W at every call. A row's output then has the same bits whatever the number of rows beside
@@ -74,12 +74,12 @@ def packable(model: nn.Module) -> bool:
 
 
 def tiled(layer: nn.Linear) -> bool:
-    """Whether a layer's products run on kernels.c's float32 kernel (built here, rows of W a multiple of 16)."""
+    """Whether a layer's products run on float_kernels.c's product (built here, rows of W a multiple of 16)."""
     return kernels.library() is not None and layer.out_features % 16 == 0
 
 
 def packed_weight(layer: nn.Linear, tiles: bool = False) -> torch.Tensor:
-    """The layer's weight in kernels.c's float32 layout (``tiles`` where it fits: ``kernels.pack_float``) or
+    """The layer's weight in float_kernels.c's layout (``tiles`` where it fits: ``kernels.pack_float``) or
     oneDNN's, made again when the weight has changed since the last call (another tensor, other storage, or an
     in-place update)."""
     w, tiles = layer._parameters["weight"], tiles and tiled(layer)
@@ -140,7 +140,7 @@ class PackedProducts:
 
     def __init__(self, model: nn.Module, compiled: bool = False) -> None:
         self.layers = [m for m in model.modules() if isinstance(m, nn.Linear)]  # found once
-        self.tiles = not compiled  # kernels.c's float32 products where they fit; a graph keeps oneDNN's operator
+        self.tiles = not compiled  # float_kernels.c's products where they fit; a graph keeps oneDNN's operator
         product = packed_linear if compiled else packed_product
         self.forwards = [self.forward_of(layer, product) for layer in self.layers]  # made once: a graph guards them
 
