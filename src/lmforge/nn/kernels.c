@@ -111,6 +111,17 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, quantized_t a, c
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* Σ q xq over a block's 32 inputs for 16 rows at once, exact: q[g] holds the rows' inputs 4g .. 4g + 3 as unsigned
+ * bytes, xq the row of x's 32 signed ones (four at a time broadcast from memory within the instruction) */
+static inline __attribute__((always_inline)) __m512i byte_products(const __m512i q[8], const int8_t *xq) {
+    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int g = 0; g < 8; g += 2) {
+        even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four_bytes(xq + 4 * g)));
+        odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four_bytes(xq + 4 * g + 4)));
+    }
+    return _mm512_add_epi32(even, odd);
+}
+
 static inline __attribute__((always_inline)) void int4_tile(const quantized_t *a, int64_t row, const int t,
                                                             int64_t k, const uint8_t *w, const uint32_t *sz,
                                                             __m512 *out) {
@@ -131,13 +142,7 @@ static inline __attribute__((always_inline)) void int4_tile(const quantized_t *a
             q[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
         }
         for (int r = 0; r < t; r++) {
-            const int8_t *xq = a->q + (row + r) * k + 32 * b;
-            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g += 2) {  /* x's four bytes broadcast from memory within the instruction */
-                even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four_bytes(xq + 4 * g)));
-                odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four_bytes(xq + 4 * g + 4)));
-            }
-            const __m512 total = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));  /* S, exact */
+            const __m512 total = _mm512_cvtepi32_ps(byte_products(q, a->q + (row + r) * k + 32 * b));  /* S */
             const __m512 d = _mm512_set1_ps(a->d[(row + r) * (k / 32) + b]);
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, s), total, acc[r]);
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, m), _mm512_set1_ps(a->sum[(row + r) * (k / 32) + b]), acc[r]);
@@ -176,16 +181,21 @@ static inline void int4_row(const quantized_t *a, int64_t row, int64_t k, const 
  * moved int8's by 0.5%); a block's sum T = Σ q xq is exact in 32-bit integers (16-bit pairs, two a lane an
  * instruction), T in float32 (rounded once past 2^24) and d s T added by one fused multiply-add, in block order. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* block b of an int8 tile: its weights' lines PREFETCH bytes ahead asked for, its 16 rows' scales as float32 */
+static inline __m512 int8_block(const int8_t *w, const uint16_t *scales, int64_t b) {
+    for (int line = 0; line < 512; line += 64)
+        _mm_prefetch((const char *)(w + 512 * b + PREFETCH + line), _MM_HINT_T0);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * b))), 16));
+}
+
 static inline __attribute__((always_inline)) void int8_tile(const quantized_t *a, int64_t row, const int t,
                                                             int64_t k, const int8_t *w, const uint16_t *scales,
                                                             __m512 *out) {
     __m512 acc[XROWS];
     for (int r = 0; r < t; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / 32; b++) {
-        for (int line = 0; line < 512; line += 64)
-            _mm_prefetch((const char *)(w + 512 * b + PREFETCH + line), _MM_HINT_T0);
-        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * b))), 16));
+        const __m512 s = int8_block(w, scales, b);
         __m512i sums[XROWS];
         for (int r = 0; r < t; r++) sums[r] = _mm512_setzero_si512();
         for (int j = 0; j < 16; j++) {  /* pairs of inputs: 16 rows' 2 weights, widened to 16 bits */
@@ -220,22 +230,14 @@ static inline __attribute__((always_inline)) void int8_q8_tile(const quantized_t
     __m512 acc[XROWS];
     for (int r = 0; r < t; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / 32; b++) {
-        for (int line = 0; line < 512; line += 64)
-            _mm_prefetch((const char *)(w + 512 * b + PREFETCH + line), _MM_HINT_T0);
-        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(scales + 16 * b))), 16));
+        const __m512 s = int8_block(w, scales, b);
         __m512i q[8];  /* q[g]: the 16 rows' inputs 4g .. 4g + 3 of the block, q + 128 a byte each */
         for (int g = 0; g < 8; g++)
             q[g] = _mm512_xor_si512(_mm512_permutexvar_epi16(side_by_side, _mm512_loadu_si512(w + 512 * b + 64 * g)),
                                     flip);
         for (int r = 0; r < t; r++) {
-            const int8_t *xq = a->q + (row + r) * k + 32 * b;
-            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g += 2) {  /* x's four bytes broadcast from memory within the instruction */
-                even = _mm512_dpbusd_epi32(even, q[g], _mm512_set1_epi32(four_bytes(xq + 4 * g)));
-                odd = _mm512_dpbusd_epi32(odd, q[g + 1], _mm512_set1_epi32(four_bytes(xq + 4 * g + 4)));
-            }
-            const __m512 total = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)),
+            const __m512i sums = byte_products(q, a->q + (row + r) * k + 32 * b);
+            const __m512 total = _mm512_sub_ps(_mm512_cvtepi32_ps(sums),
                                                _mm512_set1_ps(128.0f * a->sum[(row + r) * (k / 32) + b]));
             const __m512 d = _mm512_set1_ps(a->d[(row + r) * (k / 32) + b]);
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, s), total, acc[r]);
