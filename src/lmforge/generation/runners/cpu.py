@@ -197,17 +197,27 @@ class ThreadPolicy:
     to ``8 * every``: probing a busy core costs), a switch sets it back to ``every``. Steps that have become 1.5x
     slower than at the last decision (a process took a core; a window of 4 steps can also mislead) bring the next
     probe forward. Only for steps whose bits do not depend on the thread count (packed products, the quantized
-    kernels): switching changes the time, never a token."""
+    kernels): switching changes the time, never a token.
+
+    ``start``: the count the first steps run at (all the threads by default). An engine of one slot starts at one
+    (``CpuRunner``): its steps all have one row, so the first probe, after ``probe`` steps, compares like with
+    like, and the costs are lopsided: a 2-thread step beside another process's busy core waits for that core
+    (SmolLM2 float32: 25-194 ms against 16 at one thread), one thread where two were free costs ~1.2x at one row
+    for the few steps until the probe. A server's steps grow from one row to many as its first requests arrive:
+    a probe then compares unlike steps, and a start at one thread kept one thread for whole loads (16 clients:
+    688-711 tok/s against 804-938). Prefills run at all the threads until the first decision (a prompt's speed,
+    where nothing is known yet), then at the count steps run at."""
 
     def __init__(self, threads: int, every: int = 128, probe: int = 4,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, start: int | None = None) -> None:
+        start = threads if start is None else start
         self.counts, self.every, self.probe, self.clock = (threads, 1), every, probe, clock
-        self.current = threads  # the count steps run at
+        self.current = start  # the count steps run at
         self.period = every
         self.steps = every - probe  # steps since the last decision: the first probe comes after ``probe`` steps
         self.recent: collections.deque[float] = collections.deque(maxlen=probe)  # times at the current count
         self.trial: list[float] = []  # times at the other count, while probing
-        self.last = threads  # the count the last step ran at
+        self.last = start  # the count the last step ran at
         self.basis = 0.0  # the current count's median step at the last decision
         self.switches = self.decisions = 0
 
@@ -233,9 +243,10 @@ class ThreadPolicy:
         return threads_at(self.last)
 
     def follow(self) -> contextlib.AbstractContextManager:
-        """Run a call at the count steps run at now, untimed (a prefill: its shapes vary too much to compare)."""
-        self.last = self.current
-        return threads_at(self.current)
+        """Run a call at the count steps run at now (all the threads before the first decision), untimed (a
+        prefill: its shapes vary too much to compare)."""
+        self.last = self.current if self.decisions else self.counts[0]
+        return threads_at(self.last)
 
     def record(self, took: float, probing: bool, timed: bool = True) -> None:
         self.steps += 1
@@ -299,7 +310,8 @@ class CpuRunner(EagerRunner):
             if not compile and fits(model, self.caches) else None
         self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
         # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
-        self.threads = ThreadPolicy(torch.get_num_threads()) if self.packed and torch.get_num_threads() > 1 \
+        self.threads = ThreadPolicy(torch.get_num_threads(), start=1 if slots == 1 else None) \
+            if self.packed and torch.get_num_threads() > 1 \
             and self.lean else None
         if compile:
             self.step_fn = self.one_graph()
