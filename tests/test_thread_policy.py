@@ -46,11 +46,12 @@ def test_the_policy_keeps_the_faster_count_and_follows_the_machine(two_threads):
     assert policy.current == 2 and policy.switches == 2 and policy.period == 16
 
 
-def test_steps_start_at_one_thread_and_a_busy_machine_costs_two_slow_steps(two_threads):
+def test_steps_start_at_one_thread_and_a_busy_machine_costs_one_slow_step(two_threads):
     """A one-slot engine's start: one thread, then a probe of two after ``probe`` steps. Where a second thread
-    only waits (its steps 10x slower), the probe costs its untimed step and one lost timed step, and one thread
-    stays, the period doubled; where it is free, two threads are kept after the probe. Prefills run at two threads
-    until the first decision, then at the count the steps run at. An engine of more slots starts at two."""
+    only waits (its steps 10x slower), the probe costs one step (its first, untimed, but 3x slower than the usual
+    is lost already), and one thread stays, the period doubled; where it is free, two threads are kept after the
+    probe. Prefills run at two threads until the first decision, then at the count the steps run at. An engine of
+    more slots starts at two."""
     model = Decoder(get_preset("gpt-tiny", vocab_size=300, n_layers=2, dropout=0.0, attention_dropout=0.0)).eval()
     assert Engine(model, slots=1).runner.threads.current == 1 and Engine(model, slots=4).runner.threads.current == 2
     now = [0.0]
@@ -58,8 +59,9 @@ def test_steps_start_at_one_thread_and_a_busy_machine_costs_two_slow_steps(two_t
     with busy.follow():
         assert torch.get_num_threads() == 2
     used = run_steps(busy, {2: 0.100, 1: 0.010}, 12, now)
-    # the first step, after the prefill's two threads, is not timed: the probe comes after 3 steps
-    assert used == [1, 1, 1, 2, 2] + [1] * 7 and busy.current == 1 and busy.period == 16 and busy.decisions == 1
+    # the first step, after the prefill's two threads, is not timed: the probe comes after 3 steps, and its own
+    # untimed first step, 10x the usual, ends it
+    assert used == [1, 1, 1, 2] + [1] * 8 and busy.current == 1 and busy.period == 16 and busy.decisions == 1
     with busy.follow():
         assert torch.get_num_threads() == 1
     free = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0], start=1)

@@ -95,7 +95,7 @@ def packed_weight(layer: nn.Linear, tiles: bool = False) -> torch.Tensor:
 def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
     """The product of x (..., in) and a packed weight (plus ``residual`` (..., out), summed in the same call: the
-    bits of the product and the sum made apart). kernels.c's layout (3 axes): its float32 kernel, whose bits never
+    bits of the product and the sum made apart). float_kernels.c's layout (3 axes): its product, whose bits never
     depend on the row count. oneDNN's: a lone row is computed as two (the row twice): on AVX-512 machines oneDNN
     takes another kernel for one row of some widths, whose bits differ (the engine's steps compute at least two
     rows there: ``CpuRunner.rows_for``)."""
@@ -193,8 +193,9 @@ class ThreadPolicy:
     count, and the median of those against the median of the ``probe`` steps just before (the same requests,
     nearly the same shapes) keeps the faster count. The first step after a change of count is not timed: the
     threads that just stopped still spin for a while and slow it. A probe whose first timed step takes 1.5x the
-    current median has lost already and ends there; a probe that keeps the current count doubles the period (up
-    to ``8 * every``: probing a busy core costs), a switch sets it back to ``every``. Steps that have become 1.5x
+    current median has lost already and ends there (so does one whose untimed first step takes 3x); a probe that
+    keeps the current count doubles the period (up to ``8 * every``: probing a busy core costs), a switch sets it
+    back to ``every``. Steps that have become 1.5x
     slower than at the last decision (a process took a core; a window of 4 steps can also mislead) bring the next
     probe forward. Only for steps whose bits do not depend on the thread count (packed products, the quantized
     kernels): switching changes the time, never a token.
@@ -250,7 +251,9 @@ class ThreadPolicy:
 
     def record(self, took: float, probing: bool, timed: bool = True) -> None:
         self.steps += 1
-        if not timed:
+        if not timed:  # slow anyway (threads still spinning, or waking); 3x slower, a probe has lost already
+            if probing and self.recent and took > 3 * statistics.median(self.recent):
+                self.decide([])
             return
         if not probing:
             self.recent.append(took)
@@ -258,10 +261,14 @@ class ThreadPolicy:
                 self.steps, self.basis = self.period, 0.0  # slower than when decided: probe now
             return
         self.trial.append(took)
-        usual = statistics.median(self.recent)
-        if len(self.trial) < self.probe and took < 1.5 * usual:
+        if len(self.trial) < self.probe and took < 1.5 * statistics.median(self.recent):
             return
-        trial, self.trial, self.steps, self.decisions = self.trial, [], 0, self.decisions + 1
+        self.decide(self.trial)
+
+    def decide(self, trial: list[float]) -> None:
+        """The end of a probe: its timed steps ``trial`` against the current count's recent ones."""
+        usual = statistics.median(self.recent)
+        self.trial, self.steps, self.decisions = [], 0, self.decisions + 1
         if len(trial) == self.probe and statistics.median(trial) < 0.9 * usual:
             self.current, self.switches, self.period = self.other(), self.switches + 1, self.every
             self.recent.clear()
@@ -296,8 +303,8 @@ class CpuRunner(EagerRunner):
     def __init__(self, model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
                  prefix_blocks: int = 0, pad_id: int = 0, compile: bool = False) -> None:
         self.packed, self.dynamic = packable(model), compile
-        # a spare row beside a lone one where oneDNN computes a product (a compiled step's, or a layer kernels.c's
-        # float32 kernel does not hold: its bits, like the quantized kernels', never depend on the row count)
+        # a spare row beside a lone one where oneDNN computes a product (a compiled step's, or a layer that
+        # float_kernels.c does not hold: its bits, like the quantized kernels', never depend on the row count)
         self.spare_row = self.packed and any(type(m) is nn.Linear and (compile or not tiled(m))
                                              for m in model.modules())
         if compile and not fits_one_graph(model):
