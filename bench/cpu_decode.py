@@ -1,5 +1,5 @@
 """Batch-1 decoding on a CPU from the same GGUF file: lmforge against llama.cpp (the tool a CPU user picks) and
-transformers, one process per engine and run, engines alternated round by round, 1 and 2 threads.
+transformers, one process per engine and run, engines and thread counts alternated round by round, 1 and 2 threads.
 
     .venv/bin/python bench/cpu_decode.py                          # every engine, 3 rounds, 1 and 2 threads
     .venv/bin/python bench/cpu_decode.py --engines lmforge-fp32 llama-f32 --rounds 5 --threads 1
@@ -259,8 +259,8 @@ def main() -> None:
         engines = [e for e in engines if not e.startswith("llama")]
     files = {e: str(llama_file(model, e.partition("-")[2])) for e in engines if e.startswith("llama")}
     rows = []
-    for threads in args.threads:
-        for r in range(args.rounds):
+    for r in range(args.rounds):  # a round runs every thread count and engine, so that both pairs are close in time
+        for threads in args.threads:
             for engine in engines:
                 command = [sys.executable, __file__, "--worker", engine, "--threads", str(threads), "--model",
                            str(model), "--gguf", files.get(engine, ""), "--ids", json.dumps(ids), "--new",
@@ -280,7 +280,8 @@ def main() -> None:
 
 
 def summary(rows: list[dict], new: int) -> None:
-    """Medians (min-max) per engine and thread count; lmforge / llama.cpp paired within rounds; greedy agreement."""
+    """Medians (min-max) per engine and thread count; lmforge / llama.cpp and most / fewest threads paired within
+    rounds; greedy agreement."""
     print(f"\n| engine | threads | decode tok/s | prompt tok/s | resident MiB | peak MiB | load s | "
           f"same {new} tokens as lmforge-fp32 |\n|---|---:|---:|---:|---:|---:|---:|---|")
     key = {(r["engine"], r["threads"], r["round"]): r for r in rows}
@@ -304,6 +305,14 @@ def summary(rows: list[dict], new: int) -> None:
             if ratios:
                 print(f"{ours} / {peer}, {threads} thread{'s' * (threads > 1)}: decode "
                       f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    counts, rounds = sorted({r["threads"] for r in rows}), sorted({r["round"] for r in rows})
+    for engine in dict.fromkeys(r["engine"] for r in rows) if len(counts) > 1 else ():
+        few, most = counts[0], counts[-1]  # the same round: the two runs minutes apart at most
+        ratios = [key[(engine, most, r)]["decode_tok_s"] / key[(engine, few, r)]["decode_tok_s"] for r in rounds
+                  if (engine, most, r) in key and (engine, few, r) in key]
+        if ratios:
+            print(f"{engine}, {most} threads / {few}: decode {statistics.median(ratios):.2f}x "
+                  f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
 
 
 if __name__ == "__main__":
