@@ -214,7 +214,7 @@ class LeanStep:
             return self._stack[1]
         held = [layer_parts(layer) for layer in self.model.layers]
         norms = [m for modules in held for m in modules[:2]]
-        products = [m for modules in held for m in modules[4:8]]
+        products = [m for modules in held for m in modules[4:]]
         fit = all(type(m) is RMSNorm and m.weight is not None and m.eps == norms[0].eps for m in norms) and \
             all((type(m) is QuantizedLinear and m.layout == "lmforge") or native_float(m) for m in products) and \
             all(modules[3].gated for modules in held) and self.model.pos_emb is None

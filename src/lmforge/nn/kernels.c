@@ -87,7 +87,8 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, quantized_t a, c
 #if defined(__AVX512F__)
                 for (int h = 0; h < 2; h++) {
                     const __m512 v = _mm512_mul_ps(h ? v1 : v0, _mm512_set1_ps(inverse));
-                    __m512i n = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                    __m512i n = _mm512_cvtps_epi32(
+                        _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
                     n = _mm512_min_epi32(_mm512_max_epi32(n, _mm512_set1_epi32(-limit)), _mm512_set1_epi32(limit));
                     _mm512_storeu_si512(q + 16 * h, n);
                     total += _mm512_reduce_add_epi32(n);
@@ -161,7 +162,8 @@ static inline void int4_row(const quantized_t *a, int64_t row, int64_t k, const 
         const float d = a->d[row * (k / 32) + b], sum = a->sum[row * (k / 32) + b];
         for (int l = 0; l < LANES; l++) {
             const uint32_t pair = sz[16 * b + l];
-            const float s = bf16_float((uint16_t)pair), m = __builtin_fmaf(-8.0f, s, bf16_float((uint16_t)(pair >> 16)));
+            const float s = bf16_float((uint16_t)pair);
+            const float m = __builtin_fmaf(-8.0f, s, bf16_float((uint16_t)(pair >> 16)));
             int32_t total = 0;
             for (int c = 0; c < 4; c++)
                 for (int e = 0; e < 4; e++) {
@@ -258,7 +260,8 @@ static inline void int8_row(const quantized_t *a, int64_t row, int64_t k, const 
         for (int l = 0; l < LANES; l++) {
             int32_t total = 0;
             for (int i = 0; i < 32; i++)
-                total += (int32_t)w[512 * b + 32 * (i / 2) + 2 * l + i % 2] * (bits == 8 ? a->q[at + i] : a->q16[at + i]);
+                total += (int32_t)w[512 * b + 32 * (i / 2) + 2 * l + i % 2] *
+                         (bits == 8 ? a->q[at + i] : a->q16[at + i]);
             acc[l] = __builtin_fmaf(d * bf16_float(scales[16 * b + l]), (float)total, acc[l]);
         }
     }

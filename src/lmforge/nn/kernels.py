@@ -187,7 +187,7 @@ def float_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
 
 
 def pack_float(w: torch.Tensor) -> torch.Tensor:
-    """W (N, K) float32, N a multiple of 16 -> (N / 16, K, 16): w[t, i, r] = W[16t + r, i] (kernels.c's float32
+    """W (N, K) float32, N a multiple of 16 -> (N / 16, K, 16): w[t, i, r] = W[16t + r, i] (float_kernels.c's
     layout)."""
     n, k = w.shape
     return w.detach().reshape(n // 16, 16, k).transpose(1, 2).contiguous()

@@ -1,7 +1,7 @@
-/* lmforge's CPU kernels, a decoding step's work besides the products (kernels.c): e^x, RMSNorm, the step's
- * attention over each row's cache, and a pre-LN decoder's whole layer stack in one call, float32 throughout.
- * Built with kernels.c into one library (nn/kernels.py); the same rule: a row's bits depend only on its own token
- * and cache, and the plain-C build (no AVX-512) computes the same bits.
+/* lmforge's CPU kernels, a decoding step's work besides the products (kernels.c, float_kernels.c): e^x, RMSNorm,
+ * the step's attention over each row's cache, and a pre-LN decoder's whole layer stack in one call, float32
+ * throughout. Built with the other two into one library (nn/kernels.py); the same rule: a row's bits depend
+ * only on its own token and cache, and the plain-C build (no AVX-512) computes the same bits.
  */
 #include <stdint.h>
 #include <string.h>
@@ -12,7 +12,7 @@
 
 #define LANES 16
 
-/* kernels.c's products: y (m, n) = residual + x (m, k) Ŵᵀ + bias */
+/* kernels.c's and float_kernels.c's products: y (m, n) = residual + x (m, k) Ŵᵀ + bias */
 void lmforge_int4_mm(const float *x, int64_t m, int64_t k, const uint8_t *w, const uint32_t *sz, int64_t n,
                      const float *bias, const float *residual, float *y, int threads);
 void lmforge_int8_mm(const float *x, int64_t m, int64_t k, const int8_t *w, const uint16_t *scales, int64_t n,
@@ -168,9 +168,11 @@ static void score_columns(const float *q, const float *keys, int64_t columns, in
                 for (int v = 0; v < vectors; v++) p[j] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + v * LANES), p[j]);
             }
             for (int j = 0; j < 8; j++)  /* lanes l + l + 8: columns j and j + 8 side by side */
-                u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(p[j], p[j + 8], 0x44), _mm512_shuffle_f32x4(p[j], p[j + 8], 0xEE));
+                u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(p[j], p[j + 8], 0x44),
+                                     _mm512_shuffle_f32x4(p[j], p[j + 8], 0xEE));
             for (int j = 0; j < 4; j++)  /* l + l + 4 */
-                t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(u[j], u[j + 4], 0x88), _mm512_shuffle_f32x4(u[j], u[j + 4], 0xDD));
+                t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(u[j], u[j + 4], 0x88),
+                                     _mm512_shuffle_f32x4(u[j], u[j + 4], 0xDD));
             for (int j = 0; j < 2; j++)  /* l + l + 2 */
                 w[j] = _mm512_add_ps(_mm512_shuffle_ps(t[j], t[j + 2], 0x44), _mm512_shuffle_ps(t[j], t[j + 2], 0xEE));
             const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
@@ -235,13 +237,14 @@ void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, 
 }
 
 /* ---- a pre-LN decoder's layers, one token a row, in one call ----------------------------------------------- */
-/* The lean step's layer (generation/lean.py) for a model whose products are all quantized, RMSNorm, SwiGLU:
+/* The lean step's layer (generation/lean.py) for a model whose products all run on these kernels (quantized, or
+ * float32 with the CPU runner's copy), RMSNorm, SwiGLU:
  *     x = x + W_o attend(norm1(x))
  *     x = x + W_2 (silu(g) ⊙ u),  [g, u] = W_1 norm2(x)
  * each piece the function above it in this file, so its bits are those of the calls made one by one (but SwiGLU,
  * whose exponential is this file's, not torch's). Python's work between the pieces is all that is saved. */
 typedef struct {
-    const void *weight, *scales;  /* a QuantizedLinear in this file's layout */
+    const void *weight, *scales;  /* a QuantizedLinear in kernels.c's layout, or float_kernels.c's weight */
     const float *bias;            /* or NULL */
     int64_t n, k, kind;           /* out, in features; 8, 9 (int8, 8-bit activations), 4 or 32 (float32:
                                      weight only, scales NULL) */

@@ -79,10 +79,10 @@ def tiled(layer: nn.Linear) -> bool:
 
 
 def packed_weight(layer: nn.Linear, tiles: bool = False) -> torch.Tensor:
-    """The layer's weight in float_kernels.c's layout (``tiles`` where it fits: ``kernels.pack_float``) or
+    """The layer's weight in float_kernels.c's layout (``tiles``: ``kernels.pack_float``, where ``tiled``) or
     oneDNN's, made again when the weight has changed since the last call (another tensor, other storage, or an
     in-place update)."""
-    w, tiles = layer._parameters["weight"], tiles and tiled(layer)
+    w = layer._parameters["weight"]
     key = (w.data_ptr(), -1 if w.is_inference() else w._version, tiles)
     held = _PACKS.get(layer)
     if held is None or held[0] != key or held[1]() is not w:
@@ -140,7 +140,8 @@ class PackedProducts:
 
     def __init__(self, model: nn.Module, compiled: bool = False) -> None:
         self.layers = [m for m in model.modules() if isinstance(m, nn.Linear)]  # found once
-        self.tiles = not compiled  # float_kernels.c's products where they fit; a graph keeps oneDNN's operator
+        # float_kernels.c's products where they fit, decided once; a graph keeps oneDNN's operator
+        self.tiles = [not compiled and tiled(layer) for layer in self.layers]
         product = packed_linear if compiled else packed_product
         self.forwards = [self.forward_of(layer, product) for layer in self.layers]  # made once: a graph guards them
 
@@ -156,9 +157,9 @@ class PackedProducts:
     @contextlib.contextmanager
     def attached(self) -> Iterator[None]:
         # the instances' own dicts, not nn.Module's __setattr__ / __delattr__: a step attaches ~120 of them
-        for layer, forward in zip(self.layers, self.forwards, strict=True):
+        for layer, forward, tiles in zip(self.layers, self.forwards, self.tiles, strict=True):
             table = layer.__dict__
-            table["packed"], table["forward"] = packed_weight(layer, self.tiles), forward
+            table["packed"], table["forward"] = packed_weight(layer, tiles), forward
         try:
             yield
         finally:
@@ -195,10 +196,9 @@ class ThreadPolicy:
     threads that just stopped still spin for a while and slow it. A probe whose first timed step takes 1.5x the
     current median has lost already and ends there (so does one whose untimed first step takes 3x); a probe that
     keeps the current count doubles the period (up to ``8 * every``: probing a busy core costs), a switch sets it
-    back to ``every``. Steps that have become 1.5x
-    slower than at the last decision (a process took a core; a window of 4 steps can also mislead) bring the next
-    probe forward. Only for steps whose bits do not depend on the thread count (packed products, the quantized
-    kernels): switching changes the time, never a token.
+    back to ``every``. Steps that have become 1.5x slower than at the last decision (a process took a core; a
+    window of 4 steps can also mislead) bring the next probe forward. Only for steps whose bits do not depend on
+    the thread count (packed products, the quantized kernels): switching changes the time, never a token.
 
     ``start``: the count the first steps run at (all the threads by default). An engine of one slot starts at one
     (``CpuRunner``): its steps all have one row, so the first probe, after ``probe`` steps, compares like with
@@ -317,9 +317,8 @@ class CpuRunner(EagerRunner):
             if not compile and fits(model, self.caches) else None
         self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
         # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
-        self.threads = ThreadPolicy(torch.get_num_threads(), start=1 if slots == 1 else None) \
-            if self.packed and torch.get_num_threads() > 1 \
-            and self.lean else None
+        measured = self.packed and self.lean is not None and torch.get_num_threads() > 1
+        self.threads = ThreadPolicy(torch.get_num_threads(), start=1 if slots == 1 else None) if measured else None
         if compile:
             self.step_fn = self.one_graph()
 
