@@ -7,10 +7,11 @@
 Rows (GPT-2 124M shape: 12 layers, d 768, 12 heads, FFN 3072, context 1024; bf16 autocast):
     GPT train step      fwd + bwd + fused AdamW, vocab 50304, batch 16 x 1024: eager, then torch.compile
     BERT-base MLM step  fwd + bwd + fused AdamW, vocab 30522, batch 32 x 512, 15% of positions labelled
-    greedy decoding     prompt 16, 256 new tokens, batch 1 and 16, bf16 weights: lmforge eager and compiled
-                        (CUDA graphs), transformers' default ``generate`` and, where the installed version has
-                        it, its static cache (which ``generate`` compiles); compiled == eager tokens checked on fp32
-                        copies (bf16 near-ties are not mismatches)
+    greedy decoding     prompt 16, 256 new tokens, batch 1 and 16, bf16 weights: lmforge eager, recorded (the
+                        lean step as CUDA graphs, ``compile=None``) and compiled (the step through torch.compile,
+                        then recorded, ``compile=True``), transformers' default ``generate`` and, where the
+                        installed version has it, its static cache (which ``generate`` compiles); recorded and
+                        compiled == eager tokens checked on fp32 copies (bf16 near-ties are not mismatches)
     engine              1, 4, 16 concurrent requests arriving one per step (prompt 30, 128 new, greedy): the
                         engine's aggregate tokens/s and time to first token vs transformers batched and serial
     lmforge pretrain    the whole job (data, Trainer, checkpoints) on Shakespeare characters (byte-level, 257
@@ -47,7 +48,7 @@ from pathlib import Path
 import torch
 from models import Sizes, alternate, bert_pair, gpt_pair, matmul_peak, matmul_weights, mlm_batch, sync, train_step_fn
 
-from lmforge.generation import generate
+from lmforge.generation.lm import LM
 
 warnings.filterwarnings("ignore")
 
@@ -110,26 +111,26 @@ def decode_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, args, 
     exact = ours.to(device, torch.float32).eval()  # fp32: compiled == eager is checked here, no bf16 near-ties
     ours, hf = copy.deepcopy(exact).to(dtype), hf.to(device, dtype).eval()
     flops = 2 * matmul_weights(s) + 4 * s.layers * (prompt + new / 2) * s.d
+    ways = {"lmforge recorded": None, "lmforge compiled": True, "lmforge eager": False}  # generate's compile=
     for batch in shapes.decode_batches:
         ids = torch.randint(0, s.vocab, (batch, prompt), generator=torch.Generator().manual_seed(batch)).to(device)
-        eager = lmforge_decode(exact, ids, new, False)().tokens
-        fast = lmforge_decode(exact, ids, new, True)().tokens
-        agree = (fast == eager).float().mean().item()
-        lmforge_decode(ours, ids, new, True)()  # compiles the bf16 graphs (and records the CUDA graphs)
-        fns = {"lmforge compiled": lmforge_decode(ours, ids, new, True),
-               "lmforge eager": lmforge_decode(ours, ids, new, False), "transformers": hf_decode(hf, ids, new)}
+        eager = tokens(lmforge_decode(exact, ids, new, False)())
+        agree = {name: (tokens(lmforge_decode(exact, ids, new, way)()) == eager).float().mean().item()
+                 for name, way in ways.items() if way is None or batch == shapes.decode_batches[0]}  # a compile less
+        fns = {name: lmforge_decode(ours, ids, new, way) for name, way in ways.items()}
+        fns["transformers"] = hf_decode(hf, ids, new)
         if static_cache_available() and not args.no_static:
             fns["transformers static+compile"] = hf_decode(hf, ids, new, cache_implementation="static")
         for fn in fns.values():
-            fn()  # compiles what compiles, outside the timed rounds
+            fn()  # compiles what compiles and records the CUDA graphs, outside the timed rounds
         best = alternate(fns, 1, args.gen_rounds, 1, device)
         tok_s = {name: batch * new / t for name, t in best.items()}
         peer = max(v for k, v in tok_s.items() if k.startswith("transformers"))
-        for name in ("lmforge compiled", "lmforge eager"):
+        for name in ways:
             r = row(f"greedy decoding, {name} (batch {batch}, prompt {prompt}, {new} new)", tok_s[name], peer,
                     flops, peak)
             r["peers"] = {k: round(v, 1) for k, v in tok_s.items() if k.startswith("transformers")}
-            r["same_tokens_as_eager"] = agree
+            r["same_tokens_as_eager"] = agree.get(name, 1.0 if name == "lmforge eager" else None)
             yield r
     del ours, hf, exact
     empty_cache(device)
@@ -160,8 +161,16 @@ def engine_rows(shapes: Shapes, device: torch.device, dtype: torch.dtype, smoke:
     empty_cache(device)
 
 
-def lmforge_decode(model, ids: torch.Tensor, new: int, compile: bool):
-    return lambda: generate(model, ids, max_new_tokens=new, stop_ids=[], compile=compile)
+def lmforge_decode(model, ids: torch.Tensor, new: int, compile: bool | None):
+    """A call of an ``LM`` held across calls, as chat, evaluate and serve hold one: its engine (and graphs) made at
+    the first call, reused by the next (``generate()`` makes an engine for each call)."""
+    runner = "graphs" if compile is not False else "eager"  # CUDA's choices, named so that --smoke runs them on CPU
+    lm, prompts = LM(model, compile=compile, runner=runner), ids.tolist()
+    return lambda: lm.generate(prompts, max_new_tokens=new, stop_ids=[])
+
+
+def tokens(generations: list) -> torch.Tensor:
+    return torch.tensor([g.tokens for g in generations])
 
 
 def hf_decode(model, ids: torch.Tensor, new: int, **extra):

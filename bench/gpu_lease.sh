@@ -4,9 +4,11 @@
 #
 #   bench/gpu_lease.sh prepare      here: .whl/ (wheels), .lease/part1/ (half the GGUF, nanoGPT's files at a pinned
 #                                   commit, the Shakespeare text), .lease/part2/ (the other half); both ignored by git
-#   bash bench/gpu_lease.sh part1   there, carry .whl .lease/part1: wheels, CUDA tests, decoding, the training step
-#                                   against nanoGPT's model (profiled), pretrain vs nanoGPT's train.py
+#   bash bench/gpu_lease.sh part1   there, carry .lease/part1/nanogpt .lease/part1/shakespeare.txt.gz (or .whl
+#                                   .lease/part1 when part2 follows): CUDA tests, decoding (recorded, compiled),
+#                                   pretrain vs nanoGPT's train.py, the training step against nanoGPT's model
 #   bash bench/gpu_lease.sh part2   there, right after, carry .lease/part2: engine step, serve start-up and table
+#   bash bench/gpu_lease.sh decode  there, carry nothing: the decoding rows of part1 and the SmolLM2-shaped step
 #   bench/gpu_lease.sh smoke        here: every row at tiny shapes (or a short load) on the CPU
 #
 # Rows go to $OUT/rows.jsonl as each finishes (a stop keeps those written); each part prints them at its end.
@@ -65,19 +67,22 @@ setup() {  # the carried wheels into $LEASE/site (once a machine: part2 finds th
 transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"; } 2>&1 | tee -a "$LOG"
 }
 
-part1() {
-  LOG=$OUT/part1.log
+part1() {  # needs neither the wheels nor the GGUF: carry .lease/part1/nanogpt .lease/part1/shakespeare.txt.gz
+  LOG=$OUT/part1.log        # alone, or .lease/part1 (and .whl) when part2 follows on the same machine
   setup
-  cp .lease/part1/gguf.a "$LEASE/gguf.a"
+  [ -f .lease/part1/gguf.a ] && cp .lease/part1/gguf.a "$LEASE/gguf.a"
   gunzip -c .lease/part1/shakespeare.txt.gz >"$LEASE/shakespeare.txt"
-  row 80 "CUDA tests (graph runner, sync-free step)" \
-    $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py --junit-xml="$OUT/pytest.xml"
-  row 110 "decoding, GPT-2 124M, batch 1 and 16" \
+  row 180 "decoding, GPT-2 124M, batch 1 and 16: recorded, compiled, eager, transformers" \
     $PY bench/gpu.py --only decode --no-static --new-tokens 128 --gen-rounds 2 --out "$ROWS"
-  row 150 "training step vs nanoGPT's model, profiled" \
-    $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt --out "$ROWS"
-  row 210 "pretrain vs nanoGPT" \
+  row 200 "pretrain vs nanoGPT" \
     $PY bench/gpu.py --only pretrain --text "$LEASE/shakespeare.txt" --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"
+  row 120 "CUDA tests (graph runner, compiled step, sync-free step, attention kernel order)" \
+    $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py tests/test_attention_kernel.py \
+    --junit-xml="$OUT/pytest.xml"
+  row 150 "training step vs nanoGPT's model, profiled (and the measured attention kernel order)" \
+    $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt --rounds 4 --out "$ROWS"
+  row 120 "engine step, SmolLM2-135M shape (random weights), recorded vs compiled" \
+    $PY bench/gpu_step.py --slots 16 --rows 1 16 --runners graphs graphs-compiled --out "$ROWS"
   cat "$ROWS"
 }
 
@@ -104,6 +109,18 @@ part2() {
   cat "$ROWS"
 }
 
+decode() {  # the decoding rows alone (carry nothing): GPT-2 decoding, the SmolLM2-shaped step, the graph tests' CUDA ones
+  LOG=$OUT/decode.log
+  setup
+  row 130 "decoding, GPT-2 124M, batch 1 and 16: recorded, compiled, eager, transformers" \
+    $PY bench/gpu.py --only decode --no-static --new-tokens 128 --gen-rounds 2 --out "$ROWS"
+  row 70 "engine step, SmolLM2-135M shape (random weights), recorded vs compiled" \
+    $PY bench/gpu_step.py --slots 16 --rows 1 16 --capacity 256 --steps 30 --runners graphs graphs-compiled --out "$ROWS"
+  row 60 "CUDA tests of the graph runner" $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py -k cuda \
+    --junit-xml="$OUT/pytest.xml"
+  cat "$ROWS"
+}
+
 smoke() {  # here, on the CPU: the same commands at tiny shapes (the serve rows: a short load, lmforge only)
   LOG=$OUT/smoke.log
   PYTHONPATH=$PWD/src
@@ -111,7 +128,8 @@ smoke() {  # here, on the CPU: the same commands at tiny shapes (the serve rows:
   local text=$OUT/shakespeare.txt
   [ -d .lease/part1 ] || { echo "smoke: run 'bench/gpu_lease.sh prepare' first"; exit 1; }
   gunzip -c .lease/part1/shakespeare.txt.gz | head -c 400000 >"$text"
-  row 300 "CUDA tests (graph runner, sync-free step)" $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py
+  row 300 "CUDA tests (graph runner, sync-free step)" $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py \
+    tests/test_attention_kernel.py
   row 300 "decoding, smoke" $PY bench/gpu.py --smoke --only decode --no-static --out "$ROWS"
   row 300 "pretrain vs nanoGPT, smoke" $PY bench/gpu.py --smoke --only pretrain --text "$text" \
     --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"
@@ -129,6 +147,7 @@ case "${1:-}" in
   prepare) prepare ;;
   part1) part1 ;;
   part2) part2 ;;
+  decode) decode ;;
   smoke) smoke ;;
-  *) echo "usage: bench/gpu_lease.sh prepare | part1 | part2 | smoke" >&2; exit 2 ;;
+  *) echo "usage: bench/gpu_lease.sh prepare | part1 | part2 | decode | smoke" >&2; exit 2 ;;
 esac

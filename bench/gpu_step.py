@@ -3,14 +3,15 @@
     python3 bench/gpu_step.py --model SmolLM2-135M-Instruct.Q4_1.gguf        # bf16 on CUDA, rows 1 and 16
     .venv/bin/python bench/gpu_step.py --smoke                               # tiny shapes on CPU: the paths run
 
-For each runner ("graphs": the lean step recorded as CUDA graphs, the CUDA default; "eager": the model's own
-forward) and each number of held requests (1, 16; 64 with --rows), an engine of --slots slots holds that many
-requests mid-reply (prompt 32 tokens, greedy, no early stop) and runs --steps steps, timed by the host clock
-around a synchronised loop (each step reads its tokens back, as a server does). Then a profile of 10 more steps
-(torch.profiler) splits a step into the GPU's kernel time (the sum of kernel durations, and their count) and the
-rest, when no kernel runs (the host's Python, dispatch and launch work the GPU waits for, and the gaps between
-kernels: in a CUDA graph, mostly the latter). The floor beside it: the bytes a step must
-read (weights once, the keys and values of the held rows) over the copy bandwidth measured in this run.
+For each runner ("graphs": the lean step recorded as CUDA graphs, the CUDA default; "graphs-compiled": the lean step
+through torch.compile, then recorded (``compile=True``); "eager": the model's own forward) and each number of held
+requests (1, 16; 64 with --rows), an engine of --slots slots holds that many requests mid-reply (prompt 32 tokens,
+greedy, no early stop) and runs --steps steps, timed by the host clock around a synchronised loop (each step reads
+its tokens back, as a server does). Then a profile of 10 more steps (torch.profiler) splits a step into the GPU's
+kernel time (the sum of kernel durations, and their count) and the rest, when no kernel runs (the host's Python,
+dispatch and launch work the GPU waits for, and the gaps between kernels: in a CUDA graph, mostly the latter). The
+floor beside it: the bytes a step must read (weights once, the keys and values of the held rows) over the copy
+bandwidth measured in this run.
 
 Each row is printed and appended to --out as JSON lines as it finishes.
 """
@@ -54,7 +55,8 @@ def copy_bandwidth(device: torch.device) -> float:
 def held_engine(model, runner: str, slots: int, rows: int, capacity: int, fused: bool = False) -> Engine:
     """An engine of ``slots`` slots, warmed up, holding ``rows`` requests past their prefills (``fused``: its lean
     step's attention as one fused call, lean.py)."""
-    engine = Engine(model, slots=slots, capacity=capacity, runner=runner)
+    kind, _, how = runner.partition("-")  # "graphs-compiled": the graph runner of the step compiled first
+    engine = Engine(model, slots=slots, capacity=capacity, runner=kind, compile=True if how == "compiled" else None)
     if fused and getattr(engine.runner, "lean", None) is not None:
         engine.runner.lean.fused = True
     engine.warmup()
@@ -91,7 +93,7 @@ def step_row(model, runner: str, slots: int, rows: int, capacity: int, steps: in
             engine.step()
         sync(device)
         times.append((time.perf_counter() - began) / steps * 1000)
-    row = {"bench": "gpu-step", "runner": engine.runner.name, "attention": "fused" if fused else "matmul",
+    row = {"bench": "gpu-step", "runner": runner, "attention": "fused" if fused else "matmul",
            "slots": slots, "rows": rows,
            "step_ms": round(statistics.median(times), 3), "step_ms_spread": [round(t, 3) for t in times],
            "tokens_per_s": round(rows * 1000 / statistics.median(times), 1),
@@ -114,7 +116,8 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--capacity", type=int, default=512)
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--runners", nargs="+", default=["graphs", "eager"])
+    p.add_argument("--runners", nargs="+", default=["graphs", "eager"],
+                   help="graphs (the recorded lean step), graphs-compiled (compiled, then recorded), eager")
     p.add_argument("--attention", choices=["matmul", "fused"], default="matmul",
                    help="the lean step's attention: four calls, or one fused call (scaled_dot_product_attention)")
     p.add_argument("--smoke", action="store_true", help="a 2-layer model, 3 steps (CPU is fine)")

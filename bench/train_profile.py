@@ -9,12 +9,16 @@ vocabulary 320, batch 16 x 1024 random tokens, bf16 autocast, ``torch.compile`` 
 backward, clip, optimizer step, zero_grad. The two are timed in alternated rounds (medians and spread), then each
 step is profiled (``torch.profiler``) and its kernels summed by kind: matrix products, attention, the compiled
 (Triton) fusions, the optimizer, the rest, against the step's wall time (the difference: the GPU waiting for the
-host). A gap between the two shows in the kind that differs. Rows go to --out as JSON lines.
+host). A gap between the two shows in the kind that differs. A third contender on CUDA, "lmforge, measured kernel
+order", is lmforge's model with torch's attention kernels in the order the Trainer measures at a run's start
+(train/attention_kernel.py; the plain "lmforge" row keeps torch's own order, as nanoGPT does). Rows go to --out as
+JSON lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import statistics
@@ -24,13 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from lmforge.models import Decoder, get_preset
 from lmforge.train import TrainConfig
+from lmforge.train.attention_kernel import measure, ranked
 from lmforge.train.optim import build_optimizer
 
 KINDS = (("matrix products", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "ampere_", "addmm", "mm_")),
-         ("attention", ("flash", "fmha", "attention", "efficient")),
+         ("attention", ("flash", "fmha", "attention", "efficient", "sdpa", "cudnn")),
          ("optimizer", ("adam", "foreach", "multi_tensor", "fused_adam")),
          ("compiled fusions", ("triton_",)))
 
@@ -66,6 +72,15 @@ def step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tenso
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def in_order(order: list, step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with torch's attention kernels tried in ``order`` (the compiled step keeps what it traced)."""
+    def ordered() -> None:
+        with sdpa_kernel(order, set_priority=True):
+            step()
+
+    return ordered
 
 
 def sync(device: torch.device) -> None:
@@ -122,6 +137,14 @@ def main() -> None:
     theirs_opt = theirs.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)
     fns = {"lmforge": step_fn(ours, ours_opt, x, y, device, False),
            "nanoGPT": step_fn(theirs, theirs_opt, x, y, device, True)}
+    # what the Trainer does on CUDA: torch's attention kernels in the order measured at the run's start
+    # (train/attention_kernel.py), held while the step compiles and runs; the plain "lmforge" keeps torch's order
+    chosen = copy.deepcopy(ours)
+    measured = measure(chosen, batch, block, torch.bfloat16, device)
+    if len(measured) > 1:
+        print(f"attention kernels, one forward and backward: {measured}", file=sys.stderr)
+        fns["lmforge, measured kernel order"] = in_order(ranked(measured), step_fn(
+            chosen, build_optimizer(chosen, settings, device), x, y, device, False))
     for fn in fns.values():  # compile and warm
         for _ in range(3):
             fn()
@@ -137,10 +160,11 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, fn in fns.items():
+        model = {"lmforge": ours, "nanoGPT": theirs}.get(name, chosen)
         row = {"bench": "train-profile", "model": name, "step_ms": round(statistics.median(times[name]), 2),
                "step_ms_rounds": [round(t, 2) for t in times[name]],
                "tokens_per_s": round(batch * block * 1000 / statistics.median(times[name])),
-               "parameters": sum(p.numel() for p in (ours if name == "lmforge" else theirs).parameters()),
+               "parameters": sum(p.numel() for p in model.parameters()),
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "smoke": args.smoke}
         if device.type == "cuda":
@@ -148,8 +172,10 @@ def main() -> None:
         with out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
-    ratio = statistics.median(times["nanoGPT"]) / statistics.median(times["lmforge"])
-    print(f"lmforge / nanoGPT step speed: {ratio:.3f}x", file=sys.stderr)
+    for name in fns:
+        if name != "nanoGPT":
+            ratio = statistics.median(times["nanoGPT"]) / statistics.median(times[name])
+            print(f"{name} / nanoGPT step speed: {ratio:.3f}x", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -54,10 +54,10 @@ def prompt(n: int, seed: int) -> list[int]:
 
 
 def decoded(model: Decoder, runner: str, work: list[tuple[list[int], dict]], slots: int = 8,
-            arrive_every: int = 0) -> list:
+            arrive_every: int = 0, compile: bool | None = None) -> list:
     """Each request's generation, all decoded in one engine (``arrive_every``: one more request every so many
     steps, while the others decode)."""
-    engine = Engine(model, slots=slots, runner=runner)
+    engine = Engine(model, slots=slots, runner=runner, compile=compile)
     engine.warmup()
     handles, steps = [], 0
     while len(handles) < len(work) or not engine.idle():
@@ -80,6 +80,25 @@ def test_the_graph_runner_gives_the_eager_runners_logits(shape):
     for a, b in zip(graphs, eager, strict=True):
         assert a.tokens == b.tokens
         torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-5, rtol=0)
+
+
+def test_the_compiled_step_gives_the_eager_runners_tokens_and_logits():
+    """``compile=True``: the lean step through torch.compile before it is recorded (here replayed: a CPU) gives
+    the eager runner's tokens and logits to float rounding, over steps that read what earlier steps wrote into the
+    caches (the compiled step writes them too), for SmolLM2's layout and GPT-2's; after the plain recorded step
+    ran on the same model (its views of the weights held)."""
+    for model in (llama(max_positions=256), gpt2()):
+        work = [(prompt(n, n), dict(max_new_tokens=6, stop_ids=[])) for n in (2, 11, 40)]
+        engine = Engine(model, slots=4, runner="graphs", compile=True)
+        assert engine.runner.step_fn is not engine.runner.lean and "compiled by torch.compile" in \
+            engine.runner.describe()
+        eager, plain = decoded(model, "eager", work), decoded(model, "graphs", work, slots=4)
+        compiled = decoded(model, "graphs", work, slots=4, compile=True)
+        for a, b, c in zip(compiled, eager, plain, strict=True):
+            assert a.tokens == b.tokens == c.tokens
+            torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=1e-4, rtol=0)
+    plain = Engine(gpt2(), slots=4, runner="graphs").runner  # compile=None (the default): the plain step recorded
+    assert plain.step_fn is plain.lean and "torch.compile" not in plain.describe()
 
 
 def test_a_request_beside_others_gets_the_bits_it_gets_alone():
@@ -225,6 +244,18 @@ def test_cuda_graphs_give_the_eager_logits_and_the_step_never_syncs():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert runner.recorded == 8
+
+
+@cuda
+def test_cuda_graphs_of_the_compiled_step_give_the_eager_logits():
+    """``compile=True`` on CUDA: Inductor's kernels recorded as CUDA graphs, logits close to the eager runner's
+    (SmolLM2's layout; one column width, so one compile)."""
+    model = llama(max_positions=256).cuda()
+    work = [(prompt(n, n), dict(max_new_tokens=6, stop_ids=[])) for n in (3, 40)]
+    compiled, eager = decoded(model, "graphs", work, slots=4, compile=True), decoded(model, "eager", work, slots=4)
+    for a, b in zip(compiled, eager, strict=True):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=1e-3, rtol=1e-3)
 
 
 @cuda

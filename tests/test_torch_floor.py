@@ -37,7 +37,8 @@ SINCE_TEXT = {
                ones_like save set_num_threads set_rng_state sigmoid sin softmax sort stack tanh tanh_ tensor where
                zeros zeros_like
         torch: bfloat16 bool float16 float32 float64 int8 int16 int32 int64 long uint8
-        torch: eye maximum round addmm
+        torch: eye maximum round addmm randn
+        torch.randn: (generator=)
         torch.add: (alpha=)
         torch.mul: (out=)
         torch._dynamo: mark_dynamic
@@ -47,7 +48,8 @@ SINCE_TEXT = {
         torch.backends.mps: is_available
         torch.cuda: device_count get_rng_state_all is_available is_bf16_supported is_initialized
                     max_memory_allocated set_device set_rng_state_all
-        torch.cuda: CUDAGraph Stream current_stream graph graph_pool_handle stream
+        torch.cuda: CUDAGraph Stream current_stream graph graph_pool_handle stream Event
+        torch.cuda.Event: (enable_timing=)
         torch.cuda.graph: (pool=)
         torch: allclose bmm
         torch.allclose: (atol=) (rtol=)
@@ -89,11 +91,13 @@ SINCE_TEXT = {
         torch.compiler: is_compiling
         torch: get_default_device
         torch.nn.attention: sdpa_kernel SDPBackend
+        torch.nn.attention.SDPBackend: FLASH_ATTENTION EFFICIENT_ATTENTION MATH
     """,
     (2, 4): """
         torch.library: custom_op register_fake
         torch.library.custom_op: (mutates_args=) ().register_fake
         torch.nn: RMSNorm
+        torch.nn.attention.SDPBackend: CUDNN_ATTENTION
         torch.nn.functional: rms_norm
         torch.optim.AdamW: (fused=)
         torch.serialization: add_safe_globals
@@ -107,6 +111,7 @@ SINCE_TEXT = {
         torch.ops.aten: _convert_weight_to_int4pack_for_cpu _weight_int4pack_mm_for_cpu
         torch: accelerator
         torch.compiler: set_stance
+        torch.nn.attention.sdpa_kernel: (set_priority=)
         torch.distributed.fsdp: fully_shard
     """,
     (2, 7): """

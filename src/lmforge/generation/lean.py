@@ -74,7 +74,10 @@ _TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer ->
 
 
 def transposed(linear: nn.Linear) -> torch.Tensor:
-    """Wᵀ (in, out) of a layer, the view made again when its weight is other memory (replaced, or converted)."""
+    """Wᵀ (in, out) of a layer, the view made again when its weight is other memory (replaced, or converted).
+    Inside ``torch.compile`` the plain view (free in a graph; the cache's pointer checks cannot be traced)."""
+    if torch.compiler.is_compiling():
+        return linear.weight.t()
     w, held = linear.weight, _TRANSPOSED.get(linear)
     if held is None or held.data_ptr() != w.data_ptr() or held.dtype != w.dtype or held.shape[::-1] != w.shape:
         held = _TRANSPOSED[linear] = w.detach().t()
@@ -165,6 +168,7 @@ class LeanStep:
         self.part = torch.arange(2, device=weight.device).repeat_interleave(self.h_kv)[None]  # (1, 2 H_kv)
         self.kv_head = torch.arange(self.h_kv, device=weight.device).repeat(2)[None]  # (1, 2 H_kv)
         self.turns = torch.arange(heads, device=weight.device) < self.h + self.h_kv  # (H + 2 H_kv,) rotated heads
+        self.layer_at = torch.arange(len(model.layers), device=weight.device).unbind(0)  # L x (): each layer's index
         self.cos = self.sin = None
         if model.rotary is not None:  # (N + 1, d) tables in the model's dtype; row N turns by 0 (the values)
             cos, sin = (table.to(weight.dtype) for table in model.rotary.tables(weight.dtype))
@@ -189,9 +193,9 @@ class LeanStep:
             eps = model.layers[0].norm1.eps  # every norm's (``native_layers``)
             kernels.decode_layers(x, stack, eps, self.h, self.cos, self.sin, lengths, self.buffer, first, self.scale)
             return model.head(self.normalize(model.norm_f, x))  # (R, V)
-        targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's new keys and values go
         if self.native:  # rotation, cache write and attention in one step_kernels.c call a layer
             out = x.new_empty(rows, self.h * self.d)  # (R, H d)
+            targets = self.buffer.unbind(0)  # L x (2, S, H_kv, C_max, d): where each layer's keys and values go
             attends = [functools.partial(self.attend_native, target=target, lengths=lengths, first=first, out=out)
                        for target in targets]
         else:
@@ -199,8 +203,8 @@ class LeanStep:
             keys = cache[:, 0].unbind(0) if self.fused else cache[:, 0].transpose(-1, -2).unbind(0)  # L x Kᵀ, or K
             values = cache[:, 1].unbind(0)  # L x (R, H_kv, C, d)
             t = self.step_tensors(lengths, columns, first)
-            attends = [functools.partial(self.attend, k=k, v=v, target=target, t=t)
-                       for k, v, target in zip(keys, values, targets, strict=True)]
+            attends = [functools.partial(self.attend, k=k, v=v, layer_at=at, t=t)
+                       for k, v, at in zip(keys, values, self.layer_at, strict=True)]
         for layer, attend in zip(model.layers, attends, strict=True):
             x = self.layer(layer, x, attend)
         return model.head(self.normalize(model.norm_f, x))  # (R, V)
@@ -240,9 +244,10 @@ class LeanStep:
         if self.cos is not None:  # row N of the tables (no turn) on the value heads
             position = torch.where(self.turns, length, self.cos.shape[0] - 1)  # (R, H + 2 H_kv)
             cos, sin = self.cos[position], self.sin[position]  # (R, H + 2 H_kv, d)
-        visible = arange(columns, device)[None] <= length  # (R, C)
+        span = arange if not torch.compiler.is_compiling() else lambda n, device: torch.arange(n, device=device)
+        visible = span(columns, device)[None] <= length  # (R, C); compiled: made in the graph, not a cached tensor
         bias = torch.where(visible, self.zero, self.minus_inf).view(rows, 1, 1, columns)
-        slots = (arange(rows, device) if not first else torch.arange(first, first + rows, device=device))[:, None]
+        slots = (span(rows, device) if not first else torch.arange(first, first + rows, device=device))[:, None]
         turned = torch.empty(rows, self.h + 2 * self.h_kv, self.d, dtype=dtype, device=device)
         heads = torch.empty(rows, self.h * self.d, dtype=dtype, device=device)
         return StepTensors(cos, sin, bias, (self.part, slots, self.kv_head, length), turned,
@@ -263,16 +268,18 @@ class LeanStep:
         return out
 
     def attend(self, layer: TransformerLayer, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               target: torch.Tensor, t: StepTensors) -> torch.Tensor:
+               layer_at: torch.Tensor, t: StepTensors) -> torch.Tensor:
         """The attention heads (R, H d) of h (R, D) over the cached keys k (R, H_kv, d, C; ``fused``: (R, H_kv, C, d))
-        and values v."""
+        and values v; the new keys and values written into the buffer at layer ``layer_at`` (a () index)."""
         heads = layer.self_attn.in_proj(h).view(t.turned.shape)  # (R, H + 2 H_kv, d)
         if self.cos is not None:  # x cos + rotate_half(x) sin, the value heads turned by 0
             torch.mul(heads, t.cos, out=t.turned)
             t.turned.addcmul_(heads.roll(self.d // 2, dims=-1), t.sin)
         else:
             t.turned.copy_(heads)
-        target.index_put_(t.at, t.new_kv)  # (R, 2 H_kv, d) at each row's column
+        # (R, 2 H_kv, d) at each row's column, written into the whole buffer by index (not into a view of a layer:
+        # torch.compile then writes in place, where a view's write is compiled as a copy of the whole buffer)
+        self.buffer.index_put_((layer_at, *t.at), t.new_kv)
         if self.fused:  # one call: q (R, H_kv, r, d) over K, V (R, H_kv, C, d), the bias as its mask
             return F.scaled_dot_product_attention(t.queries, k, v, attn_mask=t.bias, scale=self.scale).view(
                 t.concat.shape)  # (R, H d)

@@ -13,6 +13,7 @@
     signals.py      SIGINT / SIGTERM stop at a step boundary and save
     logs.py         log.jsonl, TensorBoard events (optional), loss.png
     recompute.py    activation checkpointing: a layer's activations recomputed in the backward pass
+    attention_kernel.py  on a GPU, the fused attention kernel a run uses, chosen by measurement at its start
     metrics.py      target counts (the weights of gradient accumulation) and evaluation metrics
     scores.py       classification scores: accuracy, macro-F1, per-class report, confusion matrix, chunk F1
 

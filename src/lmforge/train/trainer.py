@@ -43,6 +43,7 @@ from lmforge.lock import RunLock
 from lmforge.models.registry import load_weights, tied_aliases
 from lmforge.schema import Recipe, plain, refuse_changes
 from lmforge.train import distributed as D
+from lmforge.train.attention_kernel import fastest_attention
 from lmforge.train.batches import BatchSource, Prefetcher
 from lmforge.train.checkpoint import (
     Checkpoint,
@@ -204,12 +205,23 @@ class Trainer:
         dtype = torch.bfloat16 if p == "bf16" else torch.float16
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
+    def _attention_kernel(self):
+        """On CUDA in bf16 / fp16, torch's attention kernels in the order measured for this model at the run's
+        micro-batch and context (train/attention_kernel.py); elsewhere nothing changes."""
+        if self.precision == "fp32" or self.device.type != "cuda":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        seq = getattr(getattr(self.model, "config", None), "max_positions", 512)
+        return fastest_attention(self.model, self.config.batch_size, seq, dtype, self.device,
+                                 say=info if self.env.is_main else lambda _: None)
+
     # ------------------------------------------------------------------------------------------ loop
 
     def fit(self) -> TrainResult:
         created = D.init(self.env, self.device, self.config.dist_timeout)
         try:
-            with RunLock(self.run_dir) if self.env.is_main else nullcontext(), tf32(self.device):
+            with RunLock(self.run_dir) if self.env.is_main else nullcontext(), tf32(self.device), \
+                    self._attention_kernel():
                 return self._fit()
         except RuntimeError as err:  # a collective failed: another process died or stopped answering?
             D.raise_peer_failure(err, self.env, self.config.dist_timeout, self._latest_name)

@@ -203,8 +203,10 @@ class ServeOptions:
                                   metavar="KEY")
     context: int | None = setting(None, "longest prompt + reply a slot holds (default: the model's, at most 2048)",
                                   min=1, metavar="N")
-    compile: bool | None = setting(None, "compile the engine's graphs (default: on CUDA; on CPU one step graph "
-                                         "for every batch, a few minutes at start)")
+    compile: bool | None = setting(None, "compile the engine's step (on CUDA: the recorded CUDA graphs are the "
+                                         "default, --compile compiles the step before recording it, fewer kernels, "
+                                         "tens of seconds at the first start; on CPU one step graph for every "
+                                         "batch, a few minutes at start)")
     prefix_cache: int = setting(128, "blocks of 8 prompt tokens kept to reuse shared prompt beginnings "
                                     "(eager prefills; 0: off)", min=0, metavar="BLOCKS")
     max_tokens: int = setting(256, "new tokens when a request does not say", min=1, metavar="N")

@@ -169,7 +169,9 @@ class ModelService:
             self.context = engine.capacity
             began = time.perf_counter()
             graphs = engine.warmup()  # compiled: every graph before the first request, none while serving
-            how = "recorded" if engine.runner.name == "graphs" else "compiled"  # CUDA graphs, or torch.compile's
+            how = "compiled" if engine.runner.name != "graphs" else (  # torch.compile's, or CUDA graphs
+                "compiled and recorded" if engine.runner.step_fn is not engine.runner.lean
+                else "recorded")
             self.warmup = (graphs, time.perf_counter() - began, how) if graphs else None
             self.engine = EngineThread(engine, start=engine_thread)  # else the caller runs it (EngineThread.run)
         self.model_lock = threading.Lock()  # encoders and classifiers: one batch at a time

@@ -4,12 +4,14 @@ change between them).
     eager.py      EagerRunner     the readable reference: plain calls, exact shapes (other devices; parity tests)
     cpu.py        CpuRunner       packed products, the thread policy, exact rows, one compiled step (compile=True)
     graphs.py     GraphRunner     the lean step recorded once per column width as a CUDA graph (the default on
-                                  CUDA for decoders; seconds to record, nothing compiled)
+                                  CUDA for decoders; seconds to record; ``compile=True``: the step compiled by
+                                  torch.compile first, fewer kernels, tens of seconds a width at the first start)
     compiled.py   CompiledRunner  ``torch.compile`` per bucket (on CUDA: models the lean step does not fit)
 
 ``make_runner`` picks one; ``compile`` means one thing everywhere: make the step's fast form before serving it (on
 a CPU the one dynamic graph when the model is a float32 decoder, else a graph per bucket; on CUDA the recorded
-graphs, or compiled ones for models the lean step does not fit). ``compile=False`` on CUDA: the eager runner.
+graphs, or compiled ones for models the lean step does not fit). On CUDA ``compile=None`` (the default) records the
+plain lean step, ``compile=True`` compiles it before recording, ``compile=False`` is the eager runner.
 """
 
 from __future__ import annotations
@@ -44,4 +46,6 @@ def make_runner(model: nn.Module, slots: int, capacity: int, memory: int = 0, st
     args = (model, slots, capacity, memory, start_id, prefix_blocks, pad_id)
     if kind == "cpu":
         return CpuRunner(*args, compile=bool(compile))
-    return {"compiled": CompiledRunner, "graphs": GraphRunner, "eager": EagerRunner}[kind](*args)
+    if kind == "graphs":
+        return GraphRunner(*args, compile_step=compile is True)
+    return {"compiled": CompiledRunner, "eager": EagerRunner}[kind](*args)
