@@ -1,13 +1,17 @@
-"""The CPU runner's thread policy (runners/cpu.py ``ThreadPolicy``): a step's thread count chosen by measurement,
-never changing a token."""
+"""The CPU runner's thread policy (runners/threads.py ``ThreadPolicy``): a step's thread count chosen by
+measurement, never changing a token."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from lmforge.generation.engine import Engine, Request
-from lmforge.generation.runners.cpu import ThreadPolicy
+from lmforge.generation.runners.threads import OtherLoad, ThreadPolicy
 from lmforge.models import Decoder, get_preset
 
 
@@ -67,6 +71,64 @@ def test_steps_start_at_one_thread_and_a_busy_machine_costs_one_slow_step(two_th
     free = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0], start=1)
     used = run_steps(free, {2: 0.004, 1: 0.010}, 8, now)
     assert used == [1, 1, 2, 2, 2] + [2] * 3 and free.current == 2 and free.switches == 1
+
+
+class FakeLoad:
+    """``OtherLoad`` as a test sets it: ``busy`` cores kept by other processes (None: too soon to tell)."""
+
+    available = True
+
+    def __init__(self, busy: float | None, cpus: int = 2) -> None:
+        self.busy, self.cpus, self.asked = busy, cpus, 0
+
+    def room(self) -> float | None:
+        self.asked += 1
+        return None if self.busy is None else self.cpus - self.busy
+
+
+def test_while_other_processes_hold_a_core_no_step_and_no_prefill_runs_at_two_threads(two_threads):
+    """A one-slot engine's start beside a process that keeps a core busy: the prefill before the first decision
+    runs on one thread, and the probe of two threads is put off while the machine says the core is busy (asked
+    every ``probe`` steps), so no step pays for a second thread that would only wait. When the core frees, the
+    next look lets the probe run, and two threads win it. A look too short to tell puts the probe off too."""
+    now = [0.0]
+    load = FakeLoad(busy=1.0)
+    policy = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0], start=1, load=load)
+    with policy.follow():
+        assert torch.get_num_threads() == 1
+    assert run_steps(policy, {2: 0.100, 1: 0.010}, 20, now) == [1] * 20
+    assert policy.decisions == 0 and load.asked == 1 + 9  # the prefill's look, then one every 2 steps from step 3
+    load.busy = None  # too soon to tell: still put off
+    assert run_steps(policy, {2: 0.004, 1: 0.010}, 2, now) == [1, 1]
+    load.busy = 0.1  # the other process ended
+    assert run_steps(policy, {2: 0.004, 1: 0.010}, 6, now) == [2, 2, 2, 2, 2, 2] and policy.current == 2
+    # at two threads, a probe of one thread costs nothing on a busy core: it runs without asking
+    asked, load.busy = load.asked, 1.0
+    run_steps(policy, {2: 0.030, 1: 0.010}, 12, now)
+    assert policy.current == 1 and load.asked == asked
+
+
+def test_the_load_the_machine_reports_counts_other_processes_not_this_one():
+    """``OtherLoad`` on this machine: a child process spinning for 0.5 s while this one sleeps is at least half a
+    core of others' load; this process spinning for 0.5 s is its own time, not counted (well under the core it
+    kept busy). A look sooner than ``least`` answers None. Where there is no /proc (not Linux), nothing can be
+    told and the policy probes without asking."""
+    load = OtherLoad(least=0.2)
+    if not load.available:
+        pytest.skip("no /proc/stat here (not Linux): the policy probes without asking")
+    assert load.busy_cores() is None  # 0 s after the first look
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)
+        assert load.busy_cores() >= 0.5
+    finally:
+        spinner.wait(timeout=10)
+    load.busy_cores()  # a fresh window
+    began = time.monotonic()
+    while time.monotonic() - began < 0.5:
+        pass
+    assert load.busy_cores() < 0.9
 
 
 def test_probes_that_lose_cost_less_and_less(two_threads):

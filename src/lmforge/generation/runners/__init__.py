@@ -7,6 +7,8 @@ change between them).
                                   CUDA for decoders; seconds to record; ``compile=True``: the step compiled by
                                   torch.compile first, fewer kernels, tens of seconds a width at the first start)
     compiled.py   CompiledRunner  ``torch.compile`` per bucket (on CUDA: models the lean step does not fit)
+    threads.py    ThreadPolicy    the CPU runner's thread count: measured, and one thread while other processes
+                                  keep the cores busy
 
 ``make_runner`` picks one; ``compile`` means one thing everywhere: make the step's fast form before serving it (on
 a CPU the one dynamic graph when the model is a float32 decoder, else a graph per bucket; on CUDA the recorded

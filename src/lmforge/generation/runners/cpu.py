@@ -13,10 +13,10 @@
    to each for the length of its call and takes it away after.
 2. A thread policy. The fused attention of a prefill gives a row other bits in a batch of 16 than of 4 on two
    threads, so it runs on one (``one_thread`` inside ``CpuCall``). Steps whose bits do not depend on the thread
-   count (packed products, quantized kernels) run at the count ``ThreadPolicy`` measures faster: all the threads,
-   or one when another process holds a core and a second thread would only wait for it. A model that does not
-   pack (bfloat16 weights, unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS`` rows, where BLAS keeps
-   a row's bits, and prefills one prompt at a time.
+   count (packed products, quantized kernels) run at the count ``ThreadPolicy`` (runners/threads.py) measures
+   faster: all the threads, or one when another process holds a core and a second thread would only wait for it.
+   A model that does not pack (bfloat16 weights, unmerged LoRA) steps on one thread in multiples of ``MIN_ROWS``
+   rows, where BLAS keeps a row's bits, and prefills one prompt at a time.
 3. The lean step (generation/lean.py): a decoder's eager steps in about 18 torch calls a layer instead of the
    model's forward (62), the residual sums fused into the packed products (``packed_add``); its RMSNorm and
    attention by nn/step_kernels.c (``native``), and a quantized or float32 Llama-family model's whole layer stack
@@ -31,11 +31,8 @@ docs/benchmarks.md has the measurements behind each choice.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import statistics
-import time
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -47,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 from lmforge.errors import LmforgeError
 from lmforge.generation.lean import LeanStep, add_product, fits
 from lmforge.generation.runners.eager import EagerRunner, decoder_step
+from lmforge.generation.runners.threads import OtherLoad, ThreadPolicy, one_thread
 from lmforge.generation.slots import MIN_ROWS, multiples
 from lmforge.models.interfaces import is_encoder_decoder
 from lmforge.nn import kernels
@@ -168,115 +166,6 @@ class PackedProducts:
                 del table["packed"], table["forward"]
 
 
-# -- the thread policy --------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def threads_at(threads: int) -> Iterator[None]:
-    """torch's CPU work on ``threads`` threads inside the block, the thread count as it was after."""
-    before = torch.get_num_threads()
-    if threads != before:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if threads != before:
-            torch.set_num_threads(before)
-
-
-def one_thread() -> contextlib.AbstractContextManager:
-    """torch's CPU work on one thread inside the block, the thread count as it was after."""
-    return threads_at(1)
-
-
-class ThreadPolicy:
-    """A step's thread count chosen by measurement: the threads torch was given, or one when a second thread only
-    waits (another process holds a core: a 2-thread step then runs at a half to a third of its speed, where one
-    thread keeps its own; docs/benchmarks.md). Every ``period`` steps the next ``probe`` steps run at the other
-    count, and the median of those against the median of the ``probe`` steps just before (the same requests,
-    nearly the same shapes) keeps the faster count. The first step after a change of count is not timed: the
-    threads that just stopped still spin for a while and slow it. A probe whose first timed step takes 1.5x the
-    current median has lost already and ends there (so does one whose untimed first step takes 3x); a probe that
-    keeps the current count doubles the period (up to ``8 * every``: probing a busy core costs), a switch sets it
-    back to ``every``. Steps that have become 1.5x slower than at the last decision (a process took a core; a
-    window of 4 steps can also mislead) bring the next probe forward. Only for steps whose bits do not depend on
-    the thread count (packed products, the quantized kernels): switching changes the time, never a token.
-
-    ``start``: the count the first steps run at (all the threads by default). An engine of one slot starts at one
-    (``CpuRunner``): its steps all have one row, so the first probe, after ``probe`` steps, compares like with
-    like, and the costs are lopsided: a 2-thread step beside another process's busy core waits for that core
-    (SmolLM2 float32: 25-194 ms against 16 at one thread), one thread where two were free costs ~1.2x at one row
-    for the few steps until the probe. A server's steps grow from one row to many as its first requests arrive:
-    a probe then compares unlike steps, and a start at one thread kept one thread for whole loads (16 clients:
-    688-711 tok/s against 804-938). Prefills run at all the threads until the first decision (a prompt's speed,
-    where nothing is known yet), then at the count steps run at."""
-
-    def __init__(self, threads: int, every: int = 128, probe: int = 4,
-                 clock: Callable[[], float] = time.perf_counter, start: int | None = None) -> None:
-        start = threads if start is None else start
-        self.counts, self.every, self.probe, self.clock = (threads, 1), every, probe, clock
-        self.current = start  # the count steps run at
-        self.period = every
-        self.steps = every - probe  # steps since the last decision: the first probe comes after ``probe`` steps
-        self.recent: collections.deque[float] = collections.deque(maxlen=probe)  # times at the current count
-        self.trial: list[float] = []  # times at the other count, while probing
-        self.last = start  # the count the last step ran at
-        self.basis = 0.0  # the current count's median step at the last decision
-        self.switches = self.decisions = 0
-
-    def other(self) -> int:
-        return self.counts[1] if self.current == self.counts[0] else self.counts[0]
-
-    @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """Run one step at the count the policy picks now (the global count restored after) and time it."""
-        probing = self.steps >= self.period and len(self.recent) == self.probe
-        count = self.other() if probing else self.current
-        with threads_at(count):
-            began = self.clock()
-            try:
-                yield
-            finally:
-                changed, self.last = count != self.last, count
-                self.record(self.clock() - began, probing, timed=not changed)
-
-    def after(self) -> contextlib.AbstractContextManager:
-        """Run a call at the count the last step ran at (its token's choice: no change of count in between, so a
-        probe's steps stay timed)."""
-        return threads_at(self.last)
-
-    def follow(self) -> contextlib.AbstractContextManager:
-        """Run a call at the count steps run at now (all the threads before the first decision), untimed (a
-        prefill: its shapes vary too much to compare)."""
-        self.last = self.current if self.decisions else self.counts[0]
-        return threads_at(self.last)
-
-    def record(self, took: float, probing: bool, timed: bool = True) -> None:
-        self.steps += 1
-        if not timed:  # slow anyway (threads still spinning, or waking); 3x slower, a probe has lost already
-            if probing and self.recent and took > 3 * statistics.median(self.recent):
-                self.decide([])
-            return
-        if not probing:
-            self.recent.append(took)
-            if self.basis and len(self.recent) == self.probe and statistics.median(self.recent) > 1.5 * self.basis:
-                self.steps, self.basis = self.period, 0.0  # slower than when decided: probe now
-            return
-        self.trial.append(took)
-        if len(self.trial) < self.probe and took < 1.5 * statistics.median(self.recent):
-            return
-        self.decide(self.trial)
-
-    def decide(self, trial: list[float]) -> None:
-        """The end of a probe: its timed steps ``trial`` against the current count's recent ones."""
-        usual = statistics.median(self.recent)
-        self.trial, self.steps, self.decisions = [], 0, self.decisions + 1
-        if len(trial) == self.probe and statistics.median(trial) < 0.9 * usual:
-            self.current, self.switches, self.period = self.other(), self.switches + 1, self.every
-            self.recent.clear()
-            self.basis = statistics.median(trial)
-        else:
-            self.period, self.basis = min(2 * self.period, 8 * self.every), usual
-
-
 class CpuCall(TorchFunctionMode):
     """A prefill's fused attention (``F.scaled_dot_product_attention``) on one thread: on two, PyTorch's CPU kernel
     gives a row other bits in a batch of 16 than of 4. Steps' single queries take ``decode_attention``, whose bits
@@ -318,7 +207,8 @@ class CpuRunner(EagerRunner):
         self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
         # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
         measured = self.packed and self.lean is not None and torch.get_num_threads() > 1
-        self.threads = ThreadPolicy(torch.get_num_threads(), start=1 if slots == 1 else None) if measured else None
+        self.threads = ThreadPolicy(torch.get_num_threads(), start=1 if slots == 1 else None,
+                                    load=OtherLoad()) if measured else None
         if compile:
             self.step_fn = self.one_graph()
 
