@@ -74,16 +74,21 @@ def test_steps_start_at_one_thread_and_a_busy_machine_costs_one_slow_step(two_th
 
 
 class FakeLoad:
-    """``OtherLoad`` as a test sets it: ``busy`` cores kept by other processes (None: too soon to tell)."""
+    """``OtherLoad`` as a test sets it: ``busy`` cores kept by other processes (None: too soon to tell). Like the
+    real one, it answers once a window: asked again before ``renew``, it cannot tell yet."""
 
     available = True
 
     def __init__(self, busy: float | None, cpus: int = 2) -> None:
-        self.busy, self.cpus, self.asked = busy, cpus, 0
+        self.busy, self.cpus, self.asked, self.fresh = busy, cpus, 0, True
+
+    def renew(self) -> None:
+        self.fresh = True
 
     def room(self) -> float | None:
         self.asked += 1
-        return None if self.busy is None else self.cpus - self.busy
+        fresh, self.fresh = self.fresh, False
+        return None if self.busy is None or not fresh else self.cpus - self.busy
 
 
 def test_while_other_processes_hold_a_core_no_step_and_no_prefill_runs_at_two_threads(two_threads):
@@ -96,11 +101,15 @@ def test_while_other_processes_hold_a_core_no_step_and_no_prefill_runs_at_two_th
     policy = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0], start=1, load=load)
     with policy.follow():
         assert torch.get_num_threads() == 1
-    assert run_steps(policy, {2: 0.100, 1: 0.010}, 20, now) == [1] * 20
-    assert policy.decisions == 0 and load.asked == 1 + 9  # the prefill's look, then one every 2 steps from step 3
+    used = []
+    for _ in range(10):  # a fresh look every 2 steps
+        load.renew()
+        used += run_steps(policy, {2: 0.100, 1: 0.010}, 2, now)
+    assert used == [1] * 20 and policy.decisions == 0 and load.asked == 1 + 9  # the prefill's, then every 2 steps
     load.busy = None  # too soon to tell: still put off
     assert run_steps(policy, {2: 0.004, 1: 0.010}, 2, now) == [1, 1]
-    load.busy = 0.1  # the other process ended
+    load.busy = 0.1  # the other process ended; the look at the probe's start answers, later ones could not
+    load.renew()
     assert run_steps(policy, {2: 0.004, 1: 0.010}, 6, now) == [2, 2, 2, 2, 2, 2] and policy.current == 2
     # at two threads, a probe of one thread costs nothing on a busy core: it runs without asking
     asked, load.busy = load.asked, 1.0

@@ -93,7 +93,8 @@ class ThreadPolicy:
     def step(self) -> Iterator[None]:
         """Run one step at the count the policy picks now (the global count restored after) and time it."""
         probing = self.steps >= self.period and len(self.recent) == self.probe
-        if probing and self.other() > self.current and not self.room_for(self.other()):
+        starting = probing and self.last == self.current  # a probe's first step (the machine is asked then only)
+        if starting and self.other() > self.current and not self.room_for(self.other()):
             probing, self.steps = False, self.steps - self.probe  # other processes keep the cores: ask again later
         count = self.other() if probing else self.current
         with threads_at(count):
