@@ -46,20 +46,19 @@ def one_thread() -> contextlib.AbstractContextManager:
 
 
 class ThreadPolicy:
-    """A step's thread count chosen by measurement: the threads torch was given, or one when a second thread only
-    waits (another process holds a core: a 2-thread step then runs at a half to a third of its speed, where one
-    thread keeps its own; docs/benchmarks.md). Every ``period`` steps the next ``probe`` steps run at the other
-    count, and the median of those against the median of the ``probe`` steps just before (the same requests,
-    nearly the same shapes) keeps the faster count. A probe of more threads first asks ``load`` (``OtherLoad``):
-    while other processes keep busy more cores than the probe would leave them, it is put off by ``probe`` steps,
-    so that a busy machine never pays for a slow probe, and a prefill before the first decision runs on one
-    thread. The first step after a change of count is not timed: the
-    threads that just stopped still spin for a while and slow it. A probe whose first timed step takes 1.5x the
-    current median has lost already and ends there (so does one whose untimed first step takes 3x); a probe that
-    keeps the current count doubles the period (up to ``8 * every``: probing a busy core costs), a switch sets it
-    back to ``every``. Steps that have become 1.5x slower than at the last decision (a process took a core; a
-    window of 4 steps can also mislead) bring the next probe forward. Only for steps whose bits do not depend on
-    the thread count (packed products, the quantized kernels): switching changes the time, never a token.
+    """A step's thread count chosen by measurement: the threads torch was given, or one when a second thread only waits
+    (another process holds a core: a 2-thread step then runs at a half to a third of its speed, where one thread keeps
+    its own; docs/benchmarks.md). Every ``period`` steps the next ``probe`` steps run at the other count, and the median
+    of those against the median of the ``probe`` steps just before (the same requests, nearly the same shapes) keeps the
+    faster count. A probe of more threads first asks ``load`` (``OtherLoad``): while other processes keep busy more
+    cores than the probe would leave them, it is put off by ``probe`` steps, so that a busy machine never pays for a
+    slow probe, and a prefill before the first decision runs on one thread. The first step after a change of count is
+    not timed: the threads that just stopped still spin for a while and slow it. A probe whose first timed step takes
+    1.5x the current median has lost already and ends there (so does one whose untimed first step takes 3x); a probe
+    that keeps the current count doubles the period (up to ``8 * every``: probing a busy core costs), a switch sets it
+    back to ``every``. Steps that have become 1.5x slower than at the last decision (a process took a core; a window of
+    4 steps can also mislead) bring the next probe forward. Only for steps whose bits do not depend on the thread count
+    (packed products, the quantized kernels): switching changes the time, never a token.
 
     ``start``: the count the first steps run at (all the threads by default). An engine of one slot starts at one
     (``CpuRunner``): its steps all have one row, so the first probe, after ``probe`` steps, compares like with
