@@ -76,10 +76,10 @@ part1() {  # needs neither the wheels nor the GGUF: carry .lease/part1/nanogpt .
     $PY bench/gpu.py --only decode --no-static --new-tokens 128 --gen-rounds 2 --out "$ROWS"
   row 200 "pretrain vs nanoGPT" \
     $PY bench/gpu.py --only pretrain --text "$LEASE/shakespeare.txt" --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"
-  row 120 "CUDA tests (graph runner, compiled step, sync-free step, attention kernel order)" \
+  row 150 "CUDA tests (graph runner, compiled step, sync-free steps, attention kernel order)" \
     $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py tests/test_attention_kernel.py \
-    --junit-xml="$OUT/pytest.xml"
-  row 150 "training step vs nanoGPT's model, profiled (and the measured attention kernel order)" \
+    tests/test_train_sync.py --junit-xml="$OUT/pytest.xml"
+  row 180 "training step vs nanoGPT's model and the trainer's own step, profiled (and the attention kernel order)" \
     $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt --rounds 4 --out "$ROWS"
   row 120 "engine step, SmolLM2-135M shape (random weights), recorded vs compiled" \
     $PY bench/gpu_step.py --slots 16 --rows 1 16 --runners graphs graphs-compiled --out "$ROWS"
@@ -128,8 +128,8 @@ smoke() {  # here, on the CPU: the same commands at tiny shapes (the serve rows:
   local text=$OUT/shakespeare.txt
   [ -d .lease/part1 ] || { echo "smoke: run 'bench/gpu_lease.sh prepare' first"; exit 1; }
   gunzip -c .lease/part1/shakespeare.txt.gz | head -c 400000 >"$text"
-  row 300 "CUDA tests (graph runner, sync-free step)" $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py \
-    tests/test_attention_kernel.py
+  row 300 "CUDA tests (graph runner, sync-free steps)" $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py \
+    tests/test_attention_kernel.py tests/test_train_sync.py
   row 300 "decoding, smoke" $PY bench/gpu.py --smoke --only decode --no-static --out "$ROWS"
   row 300 "pretrain vs nanoGPT, smoke" $PY bench/gpu.py --smoke --only pretrain --text "$text" \
     --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"

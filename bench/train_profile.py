@@ -11,8 +11,10 @@ step is profiled (``torch.profiler``) and its kernels summed by kind: matrix pro
 (Triton) fusions, the optimizer, the rest, against the step's wall time (the difference: the GPU waiting for the
 host). A gap between the two shows in the kind that differs. A third contender on CUDA, "lmforge, measured kernel
 order", is lmforge's model with torch's attention kernels in the order the Trainer measures at a run's start
-(train/attention_kernel.py; the plain "lmforge" row keeps torch's own order, as nanoGPT does). Rows go to --out as
-JSON lines.
+(train/attention_kernel.py; the plain "lmforge" row keeps torch's own order, as nanoGPT does). A fourth, "lmforge
+Trainer.train_step", is the trainer's own step on the same model and rows: against the bare "lmforge" step it
+shows what the loop around the model costs (the end-to-end pretrain row reached 92% of the bare step in the lease
+of 2026-11-27). Rows go to --out as JSON lines.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import importlib.util
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +75,23 @@ def step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tenso
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def trainer_step(shape: tuple[int, int, int], block: int, vocab: int, ids: torch.Tensor, settings: TrainConfig,
+                 folder: str) -> Callable[[], None]:
+    """``Trainer.train_step`` of lmforge's model on ``ids`` every step: the step ``lmforge pretrain`` runs (its
+    batch pinned and copied, lr set, the loss weighted, clipping, the non-finite watch, the next batch queued), as
+    the bare ``lmforge`` step runs the model alone. Compiled on CUDA, as the trainer compiles by default."""
+    from lmforge.train.trainer import Trainer
+
+    class Source:  # the same rows every step, from the host (as a corpus's are)
+        def batch(self, step: int, micro: int, rank: int = 0, world_size: int = 1) -> dict:
+            return {"input_ids": ids.cpu(), "labels": ids.cpu()}
+
+    trainer = Trainer(lmforge_model(shape, block, vocab), Source(), settings, folder)
+    trainer.setup()
+    steps = iter(range(1, settings.max_steps))
+    return lambda: trainer.train_step(next(steps))
 
 
 def in_order(order: list, step: Callable[[], None]) -> Callable[[], None]:
@@ -137,6 +157,10 @@ def main() -> None:
     theirs_opt = theirs.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)
     fns = {"lmforge": step_fn(ours, ours_opt, x, y, device, False),
            "nanoGPT": step_fn(theirs, theirs_opt, x, y, device, True)}
+    loop = TrainConfig(lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), grad_clip=1.0, device=str(device),
+                       batch_size=batch, max_steps=10**6, log_every=0, save_every=0, progress=False, plot=False,
+                       tensorboard=False)
+    fns["lmforge Trainer.train_step"] = trainer_step(shape, block, vocab, x, loop, tempfile.mkdtemp())
     # what the Trainer does on CUDA: torch's attention kernels in the order measured at the run's start
     # (train/attention_kernel.py), held while the step compiles and runs; the plain "lmforge" keeps torch's order
     chosen = copy.deepcopy(ours)
@@ -160,7 +184,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, fn in fns.items():
-        model = {"lmforge": ours, "nanoGPT": theirs}.get(name, chosen)
+        model = {"lmforge": ours, "nanoGPT": theirs, "lmforge Trainer.train_step": ours}.get(name, chosen)
         row = {"bench": "train-profile", "model": name, "step_ms": round(statistics.median(times[name]), 2),
                "step_ms_rounds": [round(t, 2) for t in times[name]],
                "tokens_per_s": round(batch * block * 1000 / statistics.median(times[name])),

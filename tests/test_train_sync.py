@@ -134,3 +134,24 @@ def test_auto_precision_and_compile_are_fp32_eager_on_cpu():
     assert resolve_auto("auto", "auto", False, torch.device("cpu")) == ("fp32", False)
     assert resolve_auto("bf16", True, False, torch.device("cpu")) == ("bf16", True)
     assert TrainConfig().precision == "auto" and TrainConfig().compile == "auto"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a lent GPU machine)")
+@pytest.mark.parametrize("compile", [False, True])
+def test_on_cuda_a_step_between_log_steps_never_waits_for_the_device(tmp_path, compile):
+    """The trainer's step on a GPU (bf16, fused AdamW, clipping, the non-finite watch, the next batch's prefetch),
+    eager and compiled, under ``torch.cuda.set_sync_debug_mode("error")``: any host sync (a value read back, a copy
+    from pageable memory, a blocking call) raises. The two steps before it warm up (kernels chosen, compiled)."""
+    trainer = Trainer(gpt(dropout=0.0), CLMSource(4, 50, seq_len=32), config(device="cuda", compile=compile,
+                                                                              max_steps=6), tmp_path)
+    trainer.setup()
+    for step in (1, 2):
+        trainer.train_step(step)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in (3, 4):
+            stats = trainer.train_step(step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert math.isfinite(stats.loss.item()) and trainer.watch.first_bad() is None
