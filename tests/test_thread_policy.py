@@ -92,20 +92,25 @@ class FakeLoad:
 
 
 def test_while_other_processes_hold_a_core_no_step_and_no_prefill_runs_at_two_threads(two_threads):
-    """A one-slot engine's start beside a process that keeps a core busy: the prefill before the first decision
-    runs on one thread, and the probe of two threads is put off while the machine says the core is busy (asked
-    every ``probe`` steps), so no step pays for a second thread that would only wait. When the core frees, the
+    """A one-slot engine's start beside a process that keeps a core busy: a prefill before the first decision runs
+    on one thread once the machine can tell (the first, asked too soon, on both as before), and the probe of two
+    threads is put off while the machine says the core is busy (asked every ``probe`` steps), so no step pays for
+    a second thread that would only wait. When the core frees, the
     next look lets the probe run, and two threads win it. A look too short to tell puts the probe off too."""
     now = [0.0]
     load = FakeLoad(busy=1.0)
     policy = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0], start=1, load=load)
+    load.fresh = False  # a new engine's first prompt, too soon to tell: all the threads, as before anything is known
+    with policy.follow():
+        assert torch.get_num_threads() == 2
+    load.renew()
     with policy.follow():
         assert torch.get_num_threads() == 1
     used = []
     for _ in range(10):  # a fresh look every 2 steps
         load.renew()
         used += run_steps(policy, {2: 0.100, 1: 0.010}, 2, now)
-    assert used == [1] * 20 and policy.decisions == 0 and load.asked == 1 + 9  # the prefill's, then every 2 steps
+    assert used == [1] * 20 and policy.decisions == 0 and load.asked == 2 + 9  # the prefills', then every 2 steps
     load.busy = None  # too soon to tell: still put off
     assert run_steps(policy, {2: 0.004, 1: 0.010}, 2, now) == [1, 1]
     load.busy = 0.1  # the other process ended; the look at the probe's start answers, later ones could not
