@@ -5,10 +5,11 @@
 #   bench/gpu_lease.sh prepare      here: .whl/ (wheels), .lease/part1/ (half the GGUF, nanoGPT's files at a pinned
 #                                   commit, the Shakespeare text), .lease/part2/ (the other half); both ignored by git
 #   bash bench/gpu_lease.sh part1   there, carry .lease/part1/nanogpt .lease/part1/shakespeare.txt.gz (or .whl
-#                                   .lease/part1 when part2 follows): CUDA tests, decoding (recorded, compiled),
-#                                   pretrain vs nanoGPT's train.py, the training step against nanoGPT's model
+#                                   .lease/part1 when part2 follows): the training step against nanoGPT's model
+#                                   and the trainer's own, CUDA tests, pretrain vs train.py, decoding
 #   bash bench/gpu_lease.sh part2   there, right after, carry .lease/part2: engine step, serve start-up and table
-#   bash bench/gpu_lease.sh decode  there, carry nothing: the decoding rows of part1 and the SmolLM2-shaped step
+#   bash bench/gpu_lease.sh decode  there, carry nothing: the decoding rows of part1, the SmolLM2-shaped step
+#                                   (recorded vs compiled) and the graph runner's CUDA tests (~3.5 minutes)
 #   bench/gpu_lease.sh smoke        here: every row at tiny shapes (or a short load) on the CPU
 #
 # Rows go to $OUT/rows.jsonl as each finishes (a stop keeps those written); each part prints them at its end.
@@ -72,18 +73,16 @@ part1() {  # needs neither the wheels nor the GGUF: carry .lease/part1/nanogpt .
   setup
   [ -f .lease/part1/gguf.a ] && cp .lease/part1/gguf.a "$LEASE/gguf.a"
   gunzip -c .lease/part1/shakespeare.txt.gz >"$LEASE/shakespeare.txt"
-  row 180 "decoding, GPT-2 124M, batch 1 and 16: recorded, compiled, eager, transformers" \
-    $PY bench/gpu.py --only decode --no-static --new-tokens 128 --gen-rounds 2 --out "$ROWS"
-  row 200 "pretrain vs nanoGPT" \
-    $PY bench/gpu.py --only pretrain --text "$LEASE/shakespeare.txt" --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"
+  row 180 "training step vs nanoGPT's model and the trainer's own step, profiled (and the attention kernel order)" \
+    $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt --rounds 4 --out "$ROWS"
   row 150 "CUDA tests (graph runner, compiled step, sync-free steps, attention kernel order)" \
     $PY -m pytest -q -p no:cacheprovider tests/test_graph_runner.py tests/test_attention_kernel.py \
     tests/test_train_sync.py --junit-xml="$OUT/pytest.xml"
-  row 180 "training step vs nanoGPT's model and the trainer's own step, profiled (and the attention kernel order)" \
-    $PY bench/train_profile.py --nanogpt .lease/part1/nanogpt --rounds 4 --out "$ROWS"
-  row 120 "engine step, SmolLM2-135M shape (random weights), recorded vs compiled" \
-    $PY bench/gpu_step.py --slots 16 --rows 1 16 --runners graphs graphs-compiled --out "$ROWS"
-  cat "$ROWS"
+  row 200 "pretrain vs nanoGPT" \
+    $PY bench/gpu.py --only pretrain --text "$LEASE/shakespeare.txt" --nanogpt .lease/part1/nanogpt --pretrain-steps 80 --out "$ROWS"
+  row 180 "decoding, GPT-2 124M, batch 1 and 16: recorded, compiled, eager, transformers" \
+    $PY bench/gpu.py --only decode --no-static --new-tokens 128 --gen-rounds 2 --out "$ROWS"
+  cat "$ROWS"  # ~7-8 minutes on an H200 (2026-11-27), the open questions first; the SmolLM2 step rows: ``decode``
 }
 
 part2() {
