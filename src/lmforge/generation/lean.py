@@ -244,10 +244,9 @@ class LeanStep:
         if self.cos is not None:  # row N of the tables (no turn) on the value heads
             position = torch.where(self.turns, length, self.cos.shape[0] - 1)  # (R, H + 2 H_kv)
             cos, sin = self.cos[position], self.sin[position]  # (R, H + 2 H_kv, d)
-        span = arange if not torch.compiler.is_compiling() else lambda n, device: torch.arange(n, device=device)
-        visible = span(columns, device)[None] <= length  # (R, C); compiled: made in the graph, not a cached tensor
+        visible = arange(columns, device)[None] <= length  # (R, C)
         bias = torch.where(visible, self.zero, self.minus_inf).view(rows, 1, 1, columns)
-        slots = (span(rows, device) if not first else torch.arange(first, first + rows, device=device))[:, None]
+        slots = (arange(rows, device) if not first else torch.arange(first, first + rows, device=device))[:, None]
         turned = torch.empty(rows, self.h + 2 * self.h_kv, self.d, dtype=dtype, device=device)
         heads = torch.empty(rows, self.h * self.d, dtype=dtype, device=device)
         return StepTensors(cos, sin, bias, (self.part, slots, self.kv_head, length), turned,

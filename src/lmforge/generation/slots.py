@@ -67,9 +67,14 @@ def multiples(step: int, largest: int) -> list[int]:
     return [*range(step, largest, step), largest]
 
 
-@functools.cache
 def arange(n: int, device: torch.device) -> torch.Tensor:
-    """[0, n) on the device, made once per (n, device): the rows of a step bucket."""
+    """[0, n) on the device, made once per (n, device): the rows of a step bucket. Inside ``torch.compile`` made in
+    the graph (a cached tensor is no help there, and its cache cannot be traced)."""
+    return torch.arange(n, device=device) if torch.compiler.is_compiling() else _arange(n, device)
+
+
+@functools.cache
+def _arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device)
 
 
