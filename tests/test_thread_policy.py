@@ -122,6 +122,25 @@ def test_while_other_processes_hold_a_core_no_step_and_no_prefill_runs_at_two_th
     assert policy.current == 1 and load.asked == asked
 
 
+def test_a_probe_due_right_after_a_prompt_on_all_the_threads_still_asks_the_machine(two_threads):
+    """A prompt that ran on both threads because its look came too soon to tell, then a step whose probe is due:
+    the probe of two threads asks the machine like any other (a busy core puts it off), and once under way it is
+    not asked again."""
+    now = [0.0]
+    load = FakeLoad(busy=1.0)
+    policy = ThreadPolicy(2, every=8, probe=2, clock=lambda: now[0], start=1, load=load)
+    assert run_steps(policy, {2: 0.100, 1: 0.010}, 2, now) == [1, 1]  # the probe is due from here
+    load.fresh = False
+    with policy.follow():
+        assert torch.get_num_threads() == 2
+    load.renew()
+    assert run_steps(policy, {2: 0.100, 1: 0.010}, 1, now) == [1] and load.asked == 2
+    load.busy = 0.0
+    load.renew()
+    assert run_steps(policy, {2: 0.004, 1: 0.010}, 4, now) == [1, 2, 2, 2] and load.asked == 3
+    assert policy.current == 2 and policy.decisions == 1
+
+
 def test_the_load_the_machine_reports_counts_other_processes_not_this_one():
     """``OtherLoad`` on this machine: a child process spinning for 0.5 s while this one sleeps is at least half a
     core of others' load; this process spinning for 0.5 s is its own time, not counted (well under the core it

@@ -83,6 +83,7 @@ class ThreadPolicy:
         self.steps = every - probe  # steps since the last decision: the first probe comes after ``probe`` steps
         self.recent: collections.deque[float] = collections.deque(maxlen=probe)  # times at the current count
         self.trial: list[float] = []  # times at the other count, while probing
+        self.probing = False  # a probe under way: its steps run at the other count until ``decide``
         self.last = start  # the count the last step ran at
         self.basis = 0.0  # the current count's median step at the last decision
         self.switches = self.decisions = 0
@@ -93,10 +94,12 @@ class ThreadPolicy:
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """Run one step at the count the policy picks now (the global count restored after) and time it."""
-        probing = self.steps >= self.period and len(self.recent) == self.probe
-        starting = probing and self.last == self.current  # a probe's first step (the machine is asked then only)
-        if starting and self.other() > self.current and not self.room_for(self.other(), unknown=False):
-            probing, self.steps = False, self.steps - self.probe  # other processes keep the cores: ask again later
+        due = not self.probing and self.steps >= self.period and len(self.recent) == self.probe
+        if due and self.other() > self.current and not self.room_for(self.other(), unknown=False):
+            self.steps -= self.probe  # other processes keep the cores: ask again later
+        elif due:
+            self.probing = True  # the machine is asked when a probe starts, never during one
+        probing = self.probing
         count = self.other() if probing else self.current
         with threads_at(count):
             began = self.clock()
@@ -150,7 +153,7 @@ class ThreadPolicy:
     def decide(self, trial: list[float]) -> None:
         """The end of a probe: its timed steps ``trial`` against the current count's recent ones."""
         usual = statistics.median(self.recent)
-        self.trial, self.steps, self.decisions = [], 0, self.decisions + 1
+        self.trial, self.steps, self.decisions, self.probing = [], 0, self.decisions + 1, False
         if len(trial) == self.probe and statistics.median(trial) < 0.9 * usual:
             self.current, self.switches, self.period = self.other(), self.switches + 1, self.every
             self.recent.clear()
@@ -169,7 +172,7 @@ class OtherLoad:
 
     def __init__(self, least: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
         self.least, self.clock = least, clock
-        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.last = self.sample()
         self.available = self.last is not None
