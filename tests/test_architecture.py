@@ -105,10 +105,14 @@ def test_no_import_cycles():
             if len(component) > 1:
                 cycles.append(sorted(component))
 
-    sys.setrecursionlimit(10_000)
-    for v in GRAPH:
-        if v not in index:
-            visit(v)
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)  # the search recurses once per module on a path; restored for later tests
+    try:
+        for v in GRAPH:
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(before)
     assert cycles == [], f"import cycles: {cycles}"
 
 

@@ -3,6 +3,8 @@ stopped, and whatever a template raises is one LmforgeError line naming the temp
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from lmforge.errors import LmforgeError
@@ -60,6 +62,21 @@ def test_the_time_budget_stops_a_long_render():
     source = "{% for i in range(100000) %}{{ 'x'.center(100) }}{% endfor %}"
     with pytest.raises(LmforgeError, match=r"still rendering after 0\.001 s"):
         render(source, limits=RenderLimits(seconds=0.001, chars=10**9))
+
+
+def test_recursion_stops_at_its_depth_whatever_pythons_limit():
+    """A host program may raise Python's recursion limit (test_architecture's cycle search sets 10,000): a macro
+    calling itself still stops at the sandbox's depth, in milliseconds, not after seconds of Python frames (a slow
+    host then met the time budget first). A macro nested 60 deep (a recursive JSON schema) still renders."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)
+    try:
+        with pytest.raises(LmforgeError, match=r"recursion too deep: calls nested more than 100 deep"):
+            render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}")
+        deep = "{% macro f(n) %}{% if n %}({{ f(n - 1) }}){% endif %}{% endmacro %}{{ f(60) }}"
+        assert render(deep) == "(" * 60 + ")" * 60
+    finally:
+        sys.setrecursionlimit(before)
 
 
 def test_an_error_names_the_template_line():

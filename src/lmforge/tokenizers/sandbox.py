@@ -9,6 +9,8 @@ each render has a budget (``RenderLimits``)::
     size        its output, and any one string or list it builds, at most ``chars`` (default 1,000,000)
     work        everything it builds or writes, summed, at most 16 x ``chars``
     steps       loop iterations, calls, filters, operators and lookups: at most 1,000,000
+    depth       calls nested at most 100 deep (a macro calling itself without end stops there, in
+                milliseconds, whatever Python's recursion limit a host program has set)
 
 The budget is kept cooperatively, inside the sandbox: every loop iteration (``for`` over messages, ranges,
 anything; recursive loops too), call, filter, operator, attribute or item lookup is one step, and the clock is
@@ -32,6 +34,7 @@ million items takes about a second), so the time budget can be overrun by that m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
@@ -50,6 +53,7 @@ STEPS = 1_000_000  # loop iterations, calls, filters, operators, lookups per ren
 WORK_FACTOR = 16  # everything built or written in one render, summed: at most WORK_FACTOR x chars
 INT_BITS = 65_536  # the largest integer a template may compute (about 20,000 digits)
 CLOCK_EVERY = 64  # steps between two readings of the clock
+DEPTH = 100  # calls nested inside one another (macros, recursive loops): chat templates nest a few
 STEP_FILTER, CONCAT_FILTER, OUTPUT_FILTER = "lmforge_steps", "lmforge_concat", "lmforge_output"
 
 
@@ -70,7 +74,7 @@ class Budget:
 
     def __init__(self, limits: RenderLimits) -> None:
         self.limits = limits
-        self.steps, self.work = STEPS, WORK_FACTOR * limits.chars
+        self.steps, self.work, self.depth = STEPS, WORK_FACTOR * limits.chars, 0
         self.deadline = time.monotonic() + limits.seconds
 
     def tick(self) -> None:
@@ -80,6 +84,19 @@ class Budget:
                 raise TemplateLimit(f"more than {STEPS:,} steps (loop iterations, calls, operators)")
             if time.monotonic() > self.deadline:
                 raise TemplateLimit(f"still rendering after {self.limits.seconds:g} s (the time budget)")
+
+    @contextlib.contextmanager
+    def nested(self) -> Iterator[None]:
+        """One call deeper for the block: past ``DEPTH`` the render stops (a template's recursion ends here,
+        long before Python's own limit, which a host program may have raised)."""
+        if self.depth >= DEPTH:
+            raise TemplateLimit(f"recursion too deep: calls nested more than {DEPTH} deep (a macro or loop that "
+                                "calls itself without end)")
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
 
     def room(self, size: int, what: str) -> None:
         """Refuse to build ``size`` characters (or items) before building them."""
@@ -209,7 +226,10 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             if name == "join" and args and not isinstance(args[0], list | tuple):
                 args = (list(args[0]), *args[1:])  # sized first, then joined
             budget.room(METHOD_SIZES[name](owner, *args, **kwargs), f"{name}()")
-        return charged(super().call(context, obj, *args, **kwargs), f"{name or 'a call'}()")
+        if budget is None:
+            return super().call(context, obj, *args, **kwargs)
+        with budget.nested():
+            return charged(super().call(context, obj, *args, **kwargs), f"{name or 'a call'}()")
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         step()
