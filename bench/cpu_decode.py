@@ -260,23 +260,34 @@ def main() -> None:
     files = {e: str(llama_file(model, e.partition("-")[2])) for e in engines if e.startswith("llama")}
     rows = []
     for r in range(args.rounds):  # a round runs every thread count and engine, so that both pairs are close in time
-        for threads in args.threads:
-            for engine in engines:
-                command = [sys.executable, __file__, "--worker", engine, "--threads", str(threads), "--model",
-                           str(model), "--gguf", files.get(engine, ""), "--ids", json.dumps(ids), "--new",
-                           str(args.new)]
-                env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-                done = subprocess.run(command, capture_output=True, text=True, env=env)
-                if done.returncode != 0:
-                    print(f"{engine}: failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-                    continue
-                row = {"engine": engine, "threads": threads, "round": r, **json.loads(done.stdout.splitlines()[-1])}
-                rows.append(row)
-                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
-                                  if k != "tokens"}), flush=True)
+        for threads, engine in order(args.threads, engines, r):
+            command = [sys.executable, __file__, "--worker", engine, "--threads", str(threads), "--model",
+                       str(model), "--gguf", files.get(engine, ""), "--ids", json.dumps(ids), "--new",
+                       str(args.new)]
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
+            if done.returncode != 0:
+                print(f"{engine}: failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+                continue
+            row = {"engine": engine, "threads": threads, "round": r, **json.loads(done.stdout.splitlines()[-1])}
+            rows.append(row)
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                              if k != "tokens"}), flush=True)
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary(rows, args.new)
+
+
+def order(threads: list[int], engines: list[str], r: int) -> list[tuple[int, str]]:
+    """The runs of round ``r``: every thread count with every engine, the order reversed every other round, so
+    that neither count nor engine always runs first (a spinner started just before, or the host's drift over a
+    round's minutes, would favour one; until 2026-11-27 every 1-thread run came before the 2-thread ones).
+
+    >>> order([1, 2], ["a", "b"], 0), order([1, 2], ["a", "b"], 1)
+    ([(1, 'a'), (1, 'b'), (2, 'a'), (2, 'b')], [(2, 'b'), (2, 'a'), (1, 'b'), (1, 'a')])
+    """
+    runs = [(n, engine) for n in threads for engine in engines]
+    return runs[::-1] if r % 2 else runs
 
 
 def summary(rows: list[dict], new: int) -> None:
@@ -308,11 +319,13 @@ def summary(rows: list[dict], new: int) -> None:
     counts, rounds = sorted({r["threads"] for r in rows}), sorted({r["round"] for r in rows})
     for engine in dict.fromkeys(r["engine"] for r in rows) if len(counts) > 1 else ():
         few, most = counts[0], counts[-1]  # the same round: the two runs minutes apart at most
-        ratios = [key[(engine, most, r)]["decode_tok_s"] / key[(engine, few, r)]["decode_tok_s"] for r in rounds
+        paired = [(key[(engine, most, r)], key[(engine, few, r)]) for r in rounds
                   if (engine, most, r) in key and (engine, few, r) in key]
-        if ratios:
-            print(f"{engine}, {most} threads / {few}: decode {statistics.median(ratios):.2f}x "
-                  f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+        for name, faster in (("decode_tok_s", True), ("prompt_tok_s", True), ("load_s", False)):
+            ratios = [a[name] / b[name] if faster else b[name] / a[name] for a, b in paired]
+            if ratios:  # every ratio: above 1 when the most threads did better
+                print(f"{engine}, {most} threads / {few}: {name.partition('_')[0]} "
+                      f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
 
 
 if __name__ == "__main__":

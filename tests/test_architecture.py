@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "lmforge"
 ENGINE = ("reference", "tokenizers", "nn", "models", "data", "train", "generation", "interop", "viz")
 # small modules every package may use
-BASE = ("devices", "errors", "files", "manifest", "lock", "outputs", "schema", "workers")
+BASE = ("cores", "devices", "errors", "files", "manifest", "lock", "outputs", "schema", "workers")
 # The settings a command's flags are derived from: dataclasses in torch-free modules (the --help test below checks
 # that importing them loads no torch, numpy or matplotlib).
 SETTINGS_MODULES = ("lmforge.schema", "lmforge.train.config", "lmforge.generation.options",

@@ -10,8 +10,9 @@ import time
 import pytest
 import torch
 
+from lmforge.cores import OtherLoad
 from lmforge.generation.engine import Engine, Request
-from lmforge.generation.runners.threads import OtherLoad, ThreadPolicy
+from lmforge.generation.runners.threads import ThreadPolicy
 from lmforge.models import Decoder, get_preset
 
 
@@ -149,12 +150,13 @@ def test_the_load_the_machine_reports_counts_other_processes_not_this_one():
     load = OtherLoad(least=0.2)
     if not load.available:
         pytest.skip("no /proc/stat here (not Linux): the policy probes without asking")
-    assert load.busy_cores() is None  # 0 s after the first look
+    assert load.busy_cores() is None  # 0 s after the first look, and no window before it
     spin = "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"
     spinner = subprocess.Popen([sys.executable, "-c", spin])
     try:
         time.sleep(0.5)
         assert load.busy_cores() >= 0.5
+        assert load.busy_cores() == load.answer >= 0.5  # asked again at once: the last window's answer
     finally:
         spinner.wait(timeout=10)
     load.busy_cores()  # a fresh window
@@ -244,3 +246,53 @@ def test_an_engines_probes_end_with_a_decision(two_threads):
     engine.submit(Request([5, 7, 9], max_new_tokens=40, stop_ids=[]))
     engine.run()
     assert policy.decisions >= 3
+
+
+@pytest.mark.parametrize(("busy", "inside"), [(1.0, 1), (0.1, 2), (None, 2)])
+def test_fitting_threads_leaves_a_busy_core_to_its_process(two_threads, busy, inside):
+    """``fitting_threads``: torch's work on the threads whose cores other processes left free since the last look;
+    all of them when the look came too soon to tell (None); the count restored after."""
+    from lmforge.cores import fitting_threads
+
+    with fitting_threads(FakeLoad(busy)):
+        assert torch.get_num_threads() == inside
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("kind", ["gguf", "directory"])
+def test_a_load_quantizes_on_one_thread_while_another_process_holds_a_core(two_threads, kind, tmp_path,
+                                                                           monkeypatch):
+    """Loading beside another process's busy core (int8 from SmolLM2's Q4_1 file: 3.4 s on two threads, 1.9 s on
+    one): each layer is quantized on the one free core, the GGUF's layers as they are read and a directory's
+    after it is read; the process's look at the machine (``machine()``), taken when the load began, is the one
+    the engine's first prompt asks next. On a free machine both threads quantize."""
+    import lmforge.cores
+    import lmforge.nn.quant as quant
+    from lmforge.interop.gguf_write import write_gguf
+    from lmforge.interop.llama import llama_config_from_decoder, llama_state_from_decoder
+    from lmforge.models.registry import save_pretrained
+    from test_gguf import byte_tokenizer, tiny_llama
+
+    model = tiny_llama(tie=True)
+    if kind == "gguf":
+        path = write_gguf(tmp_path / "m.gguf", llama_config_from_decoder(model.config),
+                          llama_state_from_decoder(model.state_dict(), model.config), byte_tokenizer(), dtype="f32")
+    else:
+        path = tmp_path / "m"
+        save_pretrained(model, path)
+    seen: list[int] = []
+    for name in ("quantized_layer", "quantize"):
+        real = getattr(quant, name)
+        monkeypatch.setattr(quant, name, lambda *a, real=real, **k: seen.append(torch.get_num_threads()) or
+                            real(*a, **k))
+    class Steady(FakeLoad):  # OtherLoad asked twice within moments: the last window's answer again
+        def room(self) -> float | None:
+            self.fresh = True
+            return super().room()
+
+    for busy, threads in ((1.0, 1), (0.0, 2)):
+        monkeypatch.setattr(lmforge.cores, "SHARED", [Steady(busy)])
+        seen.clear()
+        loaded, _ = lmforge.load(path, dtype="int8", tokenizer=False)
+        assert seen and set(seen) == {threads} and torch.get_num_threads() == 2
+        assert any(isinstance(m, quant.QuantizedLinear) for m in loaded.modules())

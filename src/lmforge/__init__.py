@@ -19,6 +19,7 @@ compose them into jobs, and two thin shells sit on top, the command line and the
 
 and the small base modules every package may use (standard library only):
 
+    cores.py      the CPU threads to run on: how many cores other processes keep busy right now
     devices.py    which device to run on (cpu, cuda, cuda:N, mps, auto), checked against the machine
     errors.py     ``LmforgeError``: bad input or state, one line naming the file, line or field at fault
     files.py      files written atomically (never half-written) and text files read with one rule

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from lmforge.cores import fitting_threads, machine
 from lmforge.errors import LmforgeError
 from lmforge.manifest import verify_manifest, write_manifest
 from lmforge.models.strategies import StrategySpec, apply_strategy, task_model
@@ -66,6 +67,7 @@ def load(path: str | os.PathLike, device: Any = None, tokenizer: bool = True,
     them were a quarter of SmolLM2's load, so it pauses meanwhile; the heap the load freed goes back after."""
     import gc
 
+    machine()  # the first look at the other processes' load (``with_dtype`` asks it)
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -157,7 +159,8 @@ def with_dtype(model: nn.Module, dtype: str | None, group_size: int = 32) -> nn.
         target = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         return model.to(target) if any(p.dtype != target for p in model.parameters()) else model
     check_dtype(dtype, next(model.parameters()).device)
-    kept = quantize(model, dtype, group_size)
+    with fitting_threads():  # the threads whose cores other processes left free since the load began
+        kept = quantize(model, dtype, group_size)
     if kept:
         from lmforge.train.logs import info
 

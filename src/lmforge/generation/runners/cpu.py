@@ -41,10 +41,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from lmforge.cores import machine, one_thread
 from lmforge.errors import LmforgeError
 from lmforge.generation.lean import LeanStep, add_product, fits
 from lmforge.generation.runners.eager import EagerRunner, decoder_step
-from lmforge.generation.runners.threads import OtherLoad, ThreadPolicy, one_thread
+from lmforge.generation.runners.threads import ThreadPolicy
 from lmforge.generation.slots import MIN_ROWS, multiples
 from lmforge.models.interfaces import is_encoder_decoder
 from lmforge.nn import kernels
@@ -208,7 +209,7 @@ class CpuRunner(EagerRunner):
         # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
         measured = self.packed and self.lean is not None and torch.get_num_threads() > 1
         self.threads = ThreadPolicy(torch.get_num_threads(), start=1 if slots == 1 else None,
-                                    load=OtherLoad()) if measured else None
+                                    load=machine()) if measured else None
         if compile:
             self.step_fn = self.one_graph()
 

@@ -1,9 +1,7 @@
 """How many threads a CPU step runs on: all of them, or one when another process holds a core.
 
-    threads_at(n)      torch's CPU work on n threads inside a block (the count restored after)
-    OtherLoad          the cores other processes kept busy lately (/proc/stat less this process's own time)
     ThreadPolicy       the count chosen by measurement: timed probes of the other count, and no probe of more
-                       threads while other processes keep the cores busy
+                       threads while other processes keep the cores busy (``lmforge.cores.OtherLoad``)
 
 A step on two threads beside another process's busy core waits for that core: SmolLM2 float32 steps took 25-194
 ms against 16 on one thread (docs/benchmarks.md). The policy finds that out by trying: every so many steps it
@@ -18,31 +16,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
-import torch
-
-
-@contextlib.contextmanager
-def threads_at(threads: int) -> Iterator[None]:
-    """torch's CPU work on ``threads`` threads inside the block, the thread count as it was after."""
-    before = torch.get_num_threads()
-    if threads != before:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if threads != before:
-            torch.set_num_threads(before)
-
-
-def one_thread() -> contextlib.AbstractContextManager:
-    """torch's CPU work on one thread inside the block, the thread count as it was after."""
-    return threads_at(1)
+from lmforge.cores import OtherLoad, threads_at
 
 
 class ThreadPolicy:
@@ -68,9 +46,10 @@ class ThreadPolicy:
     a probe then compares unlike steps, and a start at one thread kept one thread for whole loads (16 clients:
     688-711 tok/s against 804-938). Prefills run at all the threads until the first decision (a prompt's speed,
     where nothing is known yet; one thread when ``load`` says the cores are busy), then at the count steps run
-    at. A prompt whose look at the machine comes too soon after the last to tell runs at all the threads: the
-    first prompt of a new engine on a free machine keeps its speed (fp32 at two threads ~600 prompt tokens/s
-    against ~460 at one)."""
+    at. A prompt asked before the machine can tell anything runs at all the threads: the first prompt of an engine
+    on a free machine keeps its speed (fp32 at two threads ~600 prompt tokens/s against ~460 at one). The
+    runner's ``load`` is the process's one (``lmforge.cores.machine``), whose first look a model's load took, so
+    that its first prompt is told."""
 
     def __init__(self, threads: int, every: int = 128, probe: int = 4,
                  clock: Callable[[], float] = time.perf_counter, start: int | None = None,
@@ -127,8 +106,8 @@ class ThreadPolicy:
         """Whether ``threads`` threads would find their cores free lately (``OtherLoad``): within a quarter of a
         core (the ticks' error over a look) of the room other processes leave. Not half: while this process ran on
         two threads beside a spinning one, the spinner got ~half a core and the room looked like 1.5. True without
-        a way to tell; ``unknown`` while the last look is too recent to tell (a probe waits for an answer; a
-        prompt, a one-off, runs as it did before anything was known)."""
+        a way to tell; ``unknown`` while nothing can be told yet (a probe waits for an answer; a prompt, a one-off,
+        runs as it did before anything was known)."""
         if self.load is None or not self.load.available:
             return True
         room = self.load.room()
@@ -160,50 +139,3 @@ class ThreadPolicy:
             self.basis = statistics.median(trial)
         else:
             self.period, self.basis = min(2 * self.period, 8 * self.every), usual
-
-
-class OtherLoad:
-    """The cores that other processes kept busy since the last look: the busy time of the CPUs this process may
-    run on (``/proc/stat``'s per-CPU lines: a container's cpuset, not the whole host) less this process's own
-    (``/proc/self/stat``), over the wall time between looks. Linux; elsewhere ``available`` is False.
-
-    The kernel counts CPU time in ticks (10 ms at 100 Hz), so a look over less than ``least`` seconds tells
-    nothing: it answers None and keeps the window growing."""
-
-    def __init__(self, least: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
-        self.least, self.clock = least, clock
-        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
-        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self.last = self.sample()
-        self.available = self.last is not None
-
-    def sample(self) -> tuple[float, float, float] | None:
-        """(now, busy seconds of our CPUs, this process's CPU seconds), or None without /proc."""
-        try:
-            stat, own_stat = Path("/proc/stat").read_text(), Path("/proc/self/stat").read_text()
-        except OSError:
-            return None
-        lines = [line.split() for line in stat.splitlines() if line.startswith("cpu") and line[3].isdigit()]
-        own = own_stat.rsplit(")", 1)[1].split()  # fields from the 3rd (state) on
-        ticks = 0
-        for cpu in lines:
-            if int(cpu[0][3:]) in self.cpus:
-                n = [int(v) for v in cpu[1:8]]  # user nice system idle iowait irq softirq
-                ticks += sum(n) - n[3] - n[4]
-        return self.clock(), ticks / self.hz, (int(own[11]) + int(own[12])) / self.hz  # utime + stime
-
-    def busy_cores(self) -> float | None:
-        """Cores other processes kept busy since the last answer; None when that is too short to tell (or there
-        is no /proc)."""
-        now = self.sample()
-        if now is None or self.last is None or now[0] - self.last[0] < self.least:
-            return None
-        (t0, busy0, own0), self.last = self.last, now
-        return max(0.0, (now[1] - busy0) - (now[2] - own0)) / (now[0] - t0)
-
-    def room(self) -> float | None:
-        """Cores free for this process lately (its CPUs less the others' busy ones), or None (``busy_cores``)."""
-        busy = self.busy_cores()
-        return None if busy is None else len(self.cpus) - busy
-
-
