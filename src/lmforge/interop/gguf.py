@@ -447,17 +447,17 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None, group: int = 32
     keep = dtype if group == BLOCK else None
     with fitting_threads():  # beside another process's busy core a second thread only waits (int8: 3.4 s, not 1.9)
         state = decoder_state_from_llama(model.tensors(keep), config, str(model.path), convert=convert)
-    layers = {name: state.pop(name) for name in list(state) if isinstance(state[name], torch.nn.Module)}
-    with unwritten():
-        decoder = Decoder(config)
-    load_weights(decoder, state, str(model.path), optional=tuple(layers), assign=True)
-    if "tok_emb.weight" in layers:  # the Q8_0 embedding as the tied head's int8 layer: lookups read its rows
-        decoder.lm_head.proj = layers.pop("tok_emb.weight")
-        decoder.tok_emb = QuantizedEmbedding(decoder.lm_head.proj)
-    for name, layer in layers.items():  # the float nn.Linear (never written) goes; the quantized layer comes
-        parent, _, attr = name.removesuffix(".weight").rpartition(".")
-        setattr(decoder.get_submodule(parent), attr, layer)
-    match_activations(decoder)
+        layers = {name: state.pop(name) for name in list(state) if isinstance(state[name], torch.nn.Module)}
+        with unwritten():
+            decoder = Decoder(config)
+        load_weights(decoder, state, str(model.path), optional=tuple(layers), assign=True)
+        if "tok_emb.weight" in layers:  # the Q8_0 embedding as the tied head's int8 layer: lookups read its rows
+            decoder.lm_head.proj = layers.pop("tok_emb.weight")
+            decoder.tok_emb = QuantizedEmbedding(decoder.lm_head.proj)
+        for name, layer in layers.items():  # the float nn.Linear (never written) goes; the quantized layer comes
+            parent, _, attr = name.removesuffix(".weight").rpartition(".")
+            setattr(decoder.get_submodule(parent), attr, layer)
+        match_activations(decoder)
     return decoder.eval(), tok
 
 

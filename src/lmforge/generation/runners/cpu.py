@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from lmforge.cores import machine, one_thread
+from lmforge.cores import fitting_threads, machine, one_thread
 from lmforge.errors import LmforgeError
 from lmforge.generation.lean import LeanStep, add_product, fits
 from lmforge.generation.runners.eager import EagerRunner, decoder_step
@@ -192,26 +192,28 @@ class CpuRunner(EagerRunner):
 
     def __init__(self, model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
                  prefix_blocks: int = 0, pad_id: int = 0, compile: bool = False) -> None:
-        self.packed, self.dynamic = packable(model), compile
-        # a spare row beside a lone one where oneDNN computes a product (a compiled step's, or a layer that
-        # float_kernels.c does not hold: its bits, like the quantized kernels', never depend on the row count)
-        self.spare_row = self.packed and any(type(m) is nn.Linear and (compile or not tiled(m))
-                                             for m in model.modules())
-        if compile and not fits_one_graph(model):
-            raise LmforgeError("compile: the CPU's one step graph is for float32 decoders (packed products); this "
-                               "model is not one (use compile=False, or the compiled runner: runner='compiled')")
-        self.spare_columns = 32 if compile else 0  # keys read whole would be another (contiguous) view: a 2nd graph
-        super().__init__(model, slots, capacity, memory, start_id, prefix_blocks if not compile else 0, pad_id)
-        self.products = PackedProducts(model, compiled=compile) if self.packed else None
-        self.lean = LeanStep(model, self.caches, packed_add if self.packed else add_product, native=True) \
-            if not compile and fits(model, self.caches) else None
-        self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
-        # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
-        measured = self.packed and self.lean is not None and torch.get_num_threads() > 1
-        self.threads = ThreadPolicy(torch.get_num_threads(), start=1 if slots == 1 else None,
-                                    load=machine()) if measured else None
-        if compile:
-            self.step_fn = self.one_graph()
+        threads = torch.get_num_threads()  # the policy's: torch's count, not the one the block below runs at
+        with fitting_threads(machine()):  # its caches filled and its tables made on the cores that are free
+            self.packed, self.dynamic = packable(model), compile
+            # a spare row beside a lone one where oneDNN computes a product (a compiled step's, or a layer that
+            # float_kernels.c does not hold: its bits, like the quantized kernels', never depend on the row count)
+            self.spare_row = self.packed and any(type(m) is nn.Linear and (compile or not tiled(m))
+                                                 for m in model.modules())
+            if compile and not fits_one_graph(model):
+                raise LmforgeError("compile: the CPU's one step graph is for float32 decoders (packed products); this "
+                                   "model is not one (use compile=False, or the compiled runner: runner='compiled')")
+            self.spare_columns = 32 if compile else 0  # keys read whole would be another (contiguous) view: a 2nd graph
+            super().__init__(model, slots, capacity, memory, start_id, prefix_blocks if not compile else 0, pad_id)
+            self.products = PackedProducts(model, compiled=compile) if self.packed else None
+            self.lean = LeanStep(model, self.caches, packed_add if self.packed else add_product, native=True) \
+                if not compile and fits(model, self.caches) else None
+            self.name = "cpu, one compiled step" if compile else "cpu, lean step" if self.lean else "cpu"
+            # the packed products' and quantized kernels' bits do not depend on the thread count: chosen by measurement
+            measured = self.packed and self.lean is not None and threads > 1
+            self.threads = ThreadPolicy(threads, start=1 if slots == 1 else None,
+                                        load=machine()) if measured else None
+            if compile:
+                self.step_fn = self.one_graph()
 
     def rows_for(self, slots: int) -> list[int]:
         """Packed: the rows in use, at least 2 where oneDNN computes a product (a lone request's row and a spare
