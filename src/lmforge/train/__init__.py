@@ -5,6 +5,8 @@
     result = Trainer(model, source, config, "runs/gpt").fit()
 
     trainer.py      the loop: one update per step, exact gradient accumulation, resumable at any step
+    results.py      StepStats, TrainResult: what an update and a run give back
+    resume.py       a run across restarts: the checkpoint it resumes from, the settings it may change
     config.py       TrainConfig, the train: section of every recipe (no torch)
     optim.py        AdamW with two parameter groups, Muon, the learning-rate schedule
     batches.py      the next update's batches on the device while the current one runs
@@ -25,8 +27,8 @@ from importlib import import_module
 
 _HOMES = {"Checkpoint": "checkpoint", "latest_checkpoint": "checkpoint", "TrainConfig": "config",
           "save_recipe": "config", "count_targets": "metrics", "build_optimizer": "optim", "lr_at": "optim",
-          "param_groups": "optim", "BatchSource": "trainer", "Callback": "trainer", "Trainer": "trainer",
-          "TrainResult": "trainer", "seed_everything": "trainer", "train": "trainer"}
+          "param_groups": "optim", "BatchSource": "batches", "Callback": "trainer", "Trainer": "trainer",
+          "TrainResult": "results", "seed_everything": "checkpoint", "train": "trainer"}
 
 __all__ = sorted(_HOMES)
 

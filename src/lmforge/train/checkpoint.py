@@ -117,6 +117,13 @@ def warn_other_hardware(state: dict[str, Any], device: torch.device) -> None:
 
 # ---------------------------------------------------------------------------------------------- RNG
 
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA). Build the model after this for a reproducible init."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def capture_rng() -> dict[str, Any]:
     """The state of every random generator a step can touch, as JSON-safe values."""
     py_version, py_state, py_gauss = random.getstate()

@@ -25,15 +25,12 @@ sums depend on how the work is split: a checkpoint records both and resume warns
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -41,7 +38,7 @@ from tqdm import tqdm
 from lmforge.errors import LmforgeError
 from lmforge.lock import RunLock
 from lmforge.models.registry import load_weights, tied_aliases
-from lmforge.schema import Recipe, plain, refuse_changes
+from lmforge.schema import Recipe
 from lmforge.train import distributed as D
 from lmforge.train.attention_kernel import fastest_attention
 from lmforge.train.batches import BatchSource, Prefetcher
@@ -51,16 +48,16 @@ from lmforge.train.checkpoint import (
     checkpoint_config,
     checkpoints_dir,
     hardware,
-    latest_checkpoint,
-    restore_rng,
     save_checkpoint,
+    seed_everything,
     step_name,
-    warn_other_hardware,
 )
-from lmforge.train.config import TrainConfig, default_recipe, read_recipe, save_recipe
+from lmforge.train.config import TrainConfig, default_recipe, save_recipe
 from lmforge.train.logs import RunLog, info
 from lmforge.train.metrics import EvalAccumulator, NonFiniteWatch, label_shift
 from lmforge.train.optim import build_optimizer, lr_at, no_decay_names, set_lr
+from lmforge.train.results import StepStats, TrainResult
+from lmforge.train.resume import last_good, prepare_run, restore_state
 from lmforge.train.signals import GracefulStop
 
 
@@ -90,33 +87,6 @@ class Callback:
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
         """Called on every process (not rank 0 alone) once the step, and its checkpoint if any, is done."""
-
-
-@dataclass
-class StepStats:
-    """One update's numbers, left on the device: reading one makes the host wait, so only log steps do."""
-
-    loss: torch.Tensor  # () float64: mean over all the update's targets, all processes
-    grad_norm: torch.Tensor  # () global L2 norm of the gradients, before clipping
-    lr: float
-
-
-@dataclass
-class TrainResult:
-    step: int  # the last step trained (= max_steps)
-    loss: float  # training loss of the last step (mean over its targets)
-    tokens: int  # input tokens seen by all processes since step 1
-    eval: dict[str, float]  # metrics of the last evaluation ({} if the source has no validation set)
-    best_eval_loss: float | None
-    checkpoint: Path | None  # the final checkpoint
-    resumed_from: int | None  # the step of the checkpoint this call resumed from
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA). Build the model after this for a reproducible init."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class Trainer:
@@ -171,33 +141,6 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ setup
 
-    def _prepare_run_dir(self) -> Checkpoint | None:
-        """Find the checkpoint to resume from, check that it is a run of these settings, save the recipe.
-
-        config.yaml is the run's record: written now for a new run; for a resumed run with changed
-        settings (allowed ones only) rewritten at the first checkpoint trained with them.
-        """
-        saved_path = self.run_dir / "config.yaml"
-        if self.env.is_main:  # rank 0 alone removes what an interrupted save left behind
-            ckpt = latest_checkpoint(self.run_dir, clean=True, verify=True)
-        D.barrier(self.env)
-        if not self.env.is_main:
-            ckpt = latest_checkpoint(self.run_dir, verify=True)
-        if self.schema is not None:  # the workflow's policy: its fixed sections, its may-change keys
-            changed = self.schema.resume_changes(saved_path, self.recipe)
-        else:  # without one, only the trainer's own train: section may change
-            changed = refuse_changes(saved_path, read_recipe(saved_path), plain(self.recipe),
-                                     lambda key: not key.startswith("train.")) if saved_path.is_file() else []
-        if changed and self.env.is_main:
-            info(f"resuming with changed settings: {', '.join(changed)}")
-        D.barrier(self.env)
-        if self.env.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if not saved_path.is_file():
-                save_recipe(self.recipe, saved_path)
-            self._recipe_pending = bool(changed)
-        return ckpt
-
     def _autocast(self):
         p = self.precision
         if p == "fp32":
@@ -224,7 +167,7 @@ class Trainer:
                     self._attention_kernel():
                 return self._fit()
         except RuntimeError as err:  # a collective failed: another process died or stopped answering?
-            D.raise_peer_failure(err, self.env, self.config.dist_timeout, self._latest_name)
+            D.raise_peer_failure(err, self.env, self.config.dist_timeout, lambda: last_good(self.run_dir))
             raise
         finally:
             D.shutdown(created)
@@ -236,7 +179,7 @@ class Trainer:
         ``forward_backward`` / ``train_step`` by hand (as the tests do).
         """
         cfg, env = self.config, self.env
-        ckpt = self._prepare_run_dir()
+        ckpt, self._recipe_pending = prepare_run(self.run_dir, env, self.recipe, self.schema)
         if ckpt is not None:
             load_weights(self.model, ckpt.weights(), str(ckpt.path / "model.safetensors"))  # models/registry.py
         self.model.to(self.device)
@@ -250,7 +193,9 @@ class Trainer:
             seed_everything(cfg.seed + env.rank)  # dropout masks differ per process, repeat per run
             self.step = 0
         else:
-            self.step = self._restore(ckpt)
+            self.tokens, self.best_eval_loss, self.best_step = restore_state(
+                ckpt, self.wrapped, self.optimizer, self.scaler, env, self.device, cfg.seed)
+            self.step = ckpt.step
             if env.is_main:
                 info(f"resuming {self.run_dir} from step {self.step} ({ckpt.path.name})")
         return ckpt
@@ -397,7 +342,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         raise LmforgeError(
             f"non-finite {kind} at step {at} (read at step {step}); training stopped, the last good checkpoint is "
-            f"{self._latest_name()} (lower train.lr, set train.grad_clip, or use train.precision=bf16)"
+            f"{last_good(self.run_dir)} (lower train.lr, set train.grad_clip, or use train.precision=bf16)"
         )
 
     # ------------------------------------------------------------------------------------------ eval
@@ -446,7 +391,7 @@ class Trainer:
             bad = next((k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
             if bad is not None:  # never let a broken state become the "last good" checkpoint
                 raise LmforgeError(f"non-finite weights ({bad}) at step {self.step}; not saving, training stopped; "
-                                   f"the last good checkpoint is {self._latest_name()}")
+                                   f"the last good checkpoint is {last_good(self.run_dir)}")
             state = {
                 "tokens": self.tokens,
                 "best_eval_loss": self.best_eval_loss,
@@ -467,33 +412,6 @@ class Trainer:
         D.barrier(self.env)
         return path
 
-    def _restore(self, ckpt: Checkpoint) -> int:
-        """Optimizer, scaler, counters and RNG from ``ckpt`` (the weights were loaded before wrapping)."""
-        saved = ckpt.optimizer()
-        try:
-            D.load_optimizer_state(self.wrapped, self.optimizer, saved["optimizer"])
-        except (ValueError, KeyError) as err:
-            raise LmforgeError(f"{ckpt.path / 'optimizer.pt'}: does not fit this model's optimizer: {err}") from None
-        if saved.get("scaler"):
-            self.scaler.load_state_dict(saved["scaler"])
-        st = ckpt.state
-        if self.env.is_main:
-            warn_other_hardware(st, self.device)
-        self.tokens = int(st.get("tokens", 0))
-        self.best_eval_loss, self.best_step = st.get("best_eval_loss"), st.get("best_step")
-        rngs = st.get("rng") or []
-        if len(rngs) == self.env.world_size:
-            restore_rng(rngs[self.env.rank])
-        else:
-            if self.env.is_main:
-                info(f"{ckpt.path.name} was saved by {len(rngs)} processes, this run has {self.env.world_size}: "
-                     "random streams (dropout) restart from the seed")
-            seed_everything(self.config.seed + self.env.rank + 1000 * ckpt.step)
-        return ckpt.step
-
-    def _latest_name(self) -> str:
-        ckpt = latest_checkpoint(self.run_dir) if self.run_dir.exists() else None
-        return str(ckpt.path) if ckpt else "none (no checkpoint was written yet)"
 
 
 def train(model: nn.Module, source: BatchSource, config: TrainConfig, run_dir: str | Path,
