@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -132,6 +133,14 @@ def watched(model: Decoder) -> list[tuple[dict, str, Any]]:
     return entries
 
 
+def unchanged(watch: tuple[tuple, ...]) -> bool:
+    """Whether each of ``watched``'s tables, given as (tables, keys, values), still holds its value at its key: the
+    lookups and identity tests made in C (``map``), not a Python loop (SmolLM2's 660 entries: 181 -> 118 µs a
+    token, its tables out of the CPU's caches after the layers' products have streamed the weights through)."""
+    tables, keys, values = watch
+    return all(map(operator.is_, map(dict.get, tables, keys), values))
+
+
 class StepTensors(NamedTuple):
     """What every layer of one step reads or writes: made once a step."""
 
@@ -214,7 +223,7 @@ class LeanStep:
         every product a ``QuantizedLinear`` in kernels.c's layout or a float32 one with its float_kernels.c copy
         attached, RMSNorm gains of one eps, SwiGLU; else None.
         Made at the first step and kept with what it describes: a module or tensor replaced since makes it again."""
-        if self._stack is not None and all(table.get(key) is value for table, key, value in self._stack[0]):
+        if self._stack is not None and unchanged(self._stack[0]):
             return self._stack[1]
         held = [layer_parts(layer) for layer in self.model.layers]
         norms = [m for modules in held for m in modules[:2]]
@@ -227,7 +236,7 @@ class LeanStep:
             stack = (kernels.Layer * len(held))(*[kernels.Layer(
                 n1.weight.data_ptr(), n2.weight.data_ptr(), *(kernels.product_of(m) for m in (qkv, out, up, down)))
                 for n1, n2, _, _, qkv, out, up, down in held])
-        self._stack = watched(self.model), stack
+        self._stack = tuple(zip(*watched(self.model), strict=True)), stack  # (tables, keys, values)
         return stack
 
     def normalize(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
