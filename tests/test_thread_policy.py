@@ -143,7 +143,7 @@ def test_a_probe_due_right_after_a_prompt_on_all_the_threads_still_asks_the_mach
 
 
 def test_the_load_the_machine_reports_counts_other_processes_not_this_one():
-    """``OtherLoad`` on this machine: a child process spinning for 0.5 s while this one sleeps is at least half a
+    """``OtherLoad`` on this machine: a child process spinning while this one sleeps 0.5 s is at least half a
     core of others' load; this process spinning for 0.5 s is its own time, not counted (well under the core it
     kept busy). A look sooner than ``least`` answers None. Where there is no /proc (not Linux), nothing can be
     told and the policy probes without asking."""
@@ -151,9 +151,11 @@ def test_the_load_the_machine_reports_counts_other_processes_not_this_one():
     if not load.available:
         pytest.skip("no /proc/stat here (not Linux): the policy probes without asking")
     assert load.busy_cores() is None  # 0 s after the first look, and no window before it
-    spin = "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"
-    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    spin = "import time\nprint('spinning', flush=True)\nt = time.time()\nwhile time.time() - t < 1.0: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
     try:
+        assert spinner.stdout.readline().strip() == "spinning"  # the window starts once it spins, however slow
+        load = OtherLoad(least=0.2)  # its start (a slow host's) is not in the window
         time.sleep(0.5)
         assert load.busy_cores() >= 0.5
         assert load.busy_cores() == load.answer >= 0.5  # asked again at once: the last window's answer
@@ -296,3 +298,15 @@ def test_a_load_quantizes_on_one_thread_while_another_process_holds_a_core(two_t
         loaded, _ = lmforge.load(path, dtype="int8", tokenizer=False)
         assert seen and set(seen) == {threads} and torch.get_num_threads() == 2
         assert any(isinstance(m, quant.QuantizedLinear) for m in loaded.modules())
+
+
+def test_an_engine_made_beside_a_busy_core_keeps_its_policy_of_two_threads(two_threads, monkeypatch):
+    """The CPU runner fills its caches on the threads whose cores are free (one, here), but its thread policy
+    counts torch's threads (two): the probe of two threads stays possible once the other process ends."""
+    import lmforge.cores
+
+    monkeypatch.setattr(lmforge.cores, "SHARED", [FakeLoad(busy=1.0)])
+    model = Decoder(get_preset("gpt-tiny", vocab_size=300, n_layers=2, dropout=0.0, attention_dropout=0.0)).eval()
+    runner = Engine(model, slots=1).runner
+    assert runner.threads is not None and runner.threads.counts == (2, 1) and runner.threads.current == 1
+    assert torch.get_num_threads() == 2
