@@ -193,6 +193,52 @@ def test_the_portable_builds_step_attention_and_norm_have_the_same_bits(monkeypa
 
 
 @needs_build
+@pytest.mark.parametrize("d", [48, 64])
+def test_a_half_cache_gives_the_bits_of_a_float32_cache_holding_its_values(d):
+    """A float16 cache (``kv_cache="fp16"``): the new key (rotated) and value are written rounded to the nearest
+    half, as torch's ``.to(float16)``, and nothing else changes; the attention reads the columns back exactly, so
+    its outputs are bit for bit those of a float32 cache holding the same values (new ones that a half holds
+    exactly, no rotation: the float32 cache then receives the same numbers), and close to the unrounded cache's."""
+    g = torch.Generator().manual_seed(5)
+    h, hkv, lengths = 6, 2, torch.tensor([0, 5, 17])
+    exact = torch.randn(2, 4, hkv, 24, d, generator=g)
+    qkv = torch.randn(3, h + 2 * hkv, d, generator=g)
+    cos, sin = rotary_tables(64, d)
+    half, heads = exact.half(), qkv.clone()
+    kernels.decode_attention(heads, h, cos, sin, lengths, half, 1, d ** -0.5, torch.empty(3, h * d))
+    written = exact.half()
+    for b, at in enumerate(lengths.tolist()):  # heads[b, h:]: the rotated keys, then the values
+        written[:, 1 + b, :, at] = heads[b, h:].reshape(2, hkv, d).half()
+    assert torch.equal(half, written)
+    qkv = qkv.half().float()  # values a half holds exactly
+    out16, out32, unrounded = (torch.empty(3, h * d) for _ in range(3))
+    kernels.decode_attention(qkv.clone(), h, None, None, lengths, exact.half(), 1, d ** -0.5, out16)
+    kernels.decode_attention(qkv.clone(), h, None, None, lengths, exact.half().float(), 1, d ** -0.5, out32)
+    kernels.decode_attention(qkv.clone(), h, None, None, lengths, exact.clone(), 1, d ** -0.5, unrounded)
+    assert torch.equal(out16, out32)
+    assert (out16 - unrounded).abs().max() < 5e-3 and not torch.equal(out16, unrounded)
+
+
+@needs_build
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build is x86-64's baseline")
+def test_the_portable_builds_half_cache_has_the_same_bits(monkeypatch):
+    """The half conversions (F16C's on the AVX-512 build, the baseline's in software) round and widen alike."""
+    native = kernels.library()
+    portable = kernels.load(kernels.build(kernels.compiler(), "x86-64"))
+    g = torch.Generator().manual_seed(6)
+    kv, qkv = torch.randn(2, 2, 3, 40, 64, generator=g).half(), torch.randn(2, 15, 64, generator=g) * 30
+    cos, sin = rotary_tables(64, 64)
+    outputs = []
+    for lib in (native, portable):
+        monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
+        cache, heads, out = kv.clone(), qkv.clone(), torch.empty(2, 9 * 64)
+        kernels.decode_attention(heads, 9, cos, sin, torch.tensor([39, 3]), cache, 0, 0.1, out)
+        outputs.append((cache, heads, out))
+    for a, b in zip(*outputs, strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_build
 def test_a_compiler_without_openmp_still_builds_the_kernels_single_threaded(fresh_library, monkeypatch, tmp_path,
                                                                              capsys):
     """Apple's clang refuses -fopenmp: the build is made again without it (its pragmas ignored) and said once;

@@ -74,19 +74,22 @@ class Engine:
     model's context, at most 2048). memory: an encoder-decoder's longest source. compile: compile the step before
     serving it (default: on CUDA). prefix_blocks: blocks of prompt beginnings kept for reuse (prefix.py).
     runner: "eager" | "cpu" | "compiled" | "graphs" to choose the runner (default: the device's; runners/__init__.py).
+    kv_cache: "fp16" keeps the keys and values as half floats (half the memory and the bytes a step reads; the CPU
+    and eager runners; slots.py); default the model's own float type.
     sink: what receives the requests each step touched (default: the outputs stage, on this thread).
     """
 
     def __init__(self, model: nn.Module, slots: int = 8, capacity: int | None = None, tokenizer=None,
                  compile: bool | None = None, memory: int | None = None, start_id: int | None = None,
-                 prefix_blocks: int = 0, runner: str | None = None, log: bool = False) -> None:
+                 prefix_blocks: int = 0, runner: str | None = None, kv_cache: str | None = None,
+                 log: bool = False) -> None:
         context = model.config.max_positions
         self.tokenizer, self.seq2seq = tokenizer, is_encoder_decoder(model)
         self.capacity = min(capacity or min(context, 2048), context)
         self.vocab = model.config.vocab_size  # a prompt's ids must index its embeddings
         self.ids = special_ids(model, tokenizer, start=start_id)  # an encoder-decoder without a start: one line
         self.runner = make_runner(model, slots, self.capacity, min(memory or context, context),
-                                  self.ids.decoder_start, prefix_blocks, self.ids.pad, compile, runner)
+                                  self.ids.decoder_start, prefix_blocks, self.ids.pad, compile, runner, kv_cache)
         self.scheduler = Scheduler(self.runner.n_slots)
         self.outputs = Outputs(tokenizer)
         self.runner.constraints.use(tokenizer, self.ids.stops)

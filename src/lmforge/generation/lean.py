@@ -62,8 +62,14 @@ from lmforge.nn.quant import QuantizedLinear
 
 def fits(model: nn.Module, caches: SlotCaches | None = None) -> bool:
     """Whether the lean step computes this model's decoding step (else the model's forward does): a decoder whose
-    layers' keys and values share one shape (``caches``, when made: held in one buffer)."""
+    layers' keys and values share one shape (``caches``, when made: held in one buffer; a cache of half floats
+    beside a float32 model only where step_kernels.c reads it, on the CPU)."""
     if not isinstance(model, Decoder) or (caches is not None and caches.buffer is None):
+        return False
+    weight = next(p for p in model.parameters() if p.is_floating_point())
+    if caches is not None and caches.buffer.dtype != weight.dtype and not (
+            caches.buffer.dtype == torch.float16 and weight.dtype == torch.float32
+            and caches.buffer.device.type == "cpu" and kernels.library() is not None):
         return False
     attention = [layer.self_attn for layer in model.layers]
     if len({(a.n_kv_heads, a.d_qk, a.d_v) for a in attention}) != 1 or attention[0].d_qk != attention[0].d_v:
@@ -189,7 +195,10 @@ class LeanStep:
         # step_kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several;
         # it reads the rotation tables at each row's column unchecked: every column of the cache must have a row
         self.native = native and kernels.library() is not None and self.buffer.device.type == "cpu" \
-            and self.buffer.dtype == torch.float32 and (self.cos is None or self.cos.shape[0] > self.buffer.shape[-2])
+            and weight.dtype == torch.float32 and self.buffer.dtype in (torch.float32, torch.float16) \
+            and (self.cos is None or self.cos.shape[0] > self.buffer.shape[-2])
+        if self.buffer.dtype != weight.dtype and not self.native:  # torch's step would mix the two types
+            raise ValueError(f"the lean step reads a {self.buffer.dtype} cache only through step_kernels.c")
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, columns: int, first: int = 0) -> torch.Tensor:
         """tokens, lengths (R,) -> logits (R, V)."""

@@ -28,14 +28,16 @@ from lmforge.models.interfaces import is_encoder_decoder, special_ids
 
 class LM:
     """A model and what it needs to answer (see the module docstring). ``slots`` / ``capacity``: a fixed engine
-    (a server's); otherwise sized per call. ``compile``, ``runner``, ``prefix_blocks``, ``start_id``: the
-    engine's (generation/engine.py)."""
+    (a server's); otherwise sized per call. ``compile``, ``runner``, ``prefix_blocks``, ``start_id``,
+    ``kv_cache``: the engine's (generation/engine.py)."""
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, chat_format: Any = None, *, slots: int | None = None,
                  capacity: int | None = None, compile: bool | None = None, runner: str | None = None,
-                 prefix_blocks: int = 0, start_id: int | None = None, log: bool = False) -> None:
+                 prefix_blocks: int = 0, start_id: int | None = None, kv_cache: str | None = None,
+                 log: bool = False) -> None:
         self.model, self.tokenizer, self.chat_format = model.eval(), tokenizer, chat_format
-        self.options = {"compile": compile, "runner": runner, "prefix_blocks": prefix_blocks, "start_id": start_id}
+        self.options = {"compile": compile, "runner": runner, "prefix_blocks": prefix_blocks, "start_id": start_id,
+                        "kv_cache": kv_cache}
         self.fixed = slots is not None
         self.engine: Engine | None = None
         if self.fixed:

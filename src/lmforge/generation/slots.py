@@ -110,17 +110,23 @@ class SlotKV:
     The engine sets the mode before each model call (``prefill`` or ``step``); the layer then calls
     ``append`` with the new keys and values and attends over what it returns. Unwritten columns hold 0
     (never uninitialised memory, which could hold NaN: a masked column then adds 0 · 0).
+
+    A cache of another float type than the model's (``kv_cache="fp16"``: half the memory, half the bytes a step
+    reads) rounds each key and value once, when it is written; every attention, a prefill's over its own new keys
+    too, reads them rounded and back in the model's type, so that a prompt prefilled whole, continued after a
+    cached prefix, or decoded token by token sees the same numbers.
     """
 
     def __init__(self, slots: int, heads: int, capacity: int, d_k: int, d_v: int, dtype: torch.dtype,
-                 device: torch.device, kv: torch.Tensor | None = None) -> None:
+                 device: torch.device, kv: torch.Tensor | None = None, compute: torch.dtype | None = None) -> None:
         """``kv``: (2, S, H_kv, C, d), this layer's part of ``SlotCaches.buffer``, to hold the keys and values in
-        (else they get buffers of their own)."""
+        (else they get buffers of their own); ``compute``: the model's float type, when the cache's differs."""
         if kv is not None:
             self.k, self.v = kv.unbind(0)  # (S, H_kv, C, d) each, contiguous
         else:
             self.k = torch.zeros(slots, heads, capacity, d_k, dtype=dtype, device=device)
             self.v = torch.zeros(slots, heads, capacity, d_v, dtype=dtype, device=device)
+        self.compute = compute or self.k.dtype  # the model's type: what the attention reads
         self.prefilling = True
         self.rows: torch.Tensor | None = None  # prefill: the slots (B,); step: arange(S_b)
         self.at: torch.Tensor | None = None  # step: where each row's new key and value go (``places``)
@@ -164,17 +170,24 @@ class SlotKV:
         self.k.view(-1, self.k.shape[3]).index_copy_(0, at, k.reshape(-1, k.shape[3]).to(self.k.dtype))
         self.v.view(-1, self.v.shape[3]).index_copy_(0, at, v.reshape(-1, v.shape[3]).to(self.v.dtype))
         if self.prefilling:
-            if not self.length:
-                return k, v
+            if not self.length:  # as the cache holds them
+                return self.read(k.to(self.k.dtype)), self.read(v.to(self.v.dtype))
             end = self.length + k.shape[2]  # the prefix's keys, then these: (B, H_kv, start + P, d)
-            return self.k[:, :, :end].index_select(0, self.rows), self.v[:, :, :end].index_select(0, self.rows)
+            return self.read(self.k[:, :, :end].index_select(0, self.rows)), \
+                self.read(self.v[:, :, :end].index_select(0, self.rows))
         return self.keys_values()
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows, columns = self.view
         if self.gathered:
-            return self.k.index_select(0, self.rows)[:, :, :columns], self.v.index_select(0, self.rows)[:, :, :columns]
-        return self.k[:rows, :, :columns], self.v[:rows, :, :columns]
+            k, v = self.k.index_select(0, self.rows)[:, :, :columns], self.v.index_select(0, self.rows)[:, :, :columns]
+        else:
+            k, v = self.k[:rows, :, :columns], self.v[:rows, :, :columns]
+        return self.read(k), self.read(v)
+
+    def read(self, t: torch.Tensor) -> torch.Tensor:
+        """Cached keys or values in the model's type (exact: a half float is a float32), or as they are."""
+        return t if t.dtype == self.compute else t.to(self.compute)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Rows [0, len(index)) become rows ``index`` (beam search keeps and repeats hypotheses)."""
@@ -187,23 +200,31 @@ class SlotCaches:
     """One ``LayerCache`` of ``SlotKV`` per layer (a cross-attention one too for encoder-decoders), and the
     switches that put all of them in prefill or step mode."""
 
-    def __init__(self, model: torch.nn.Module, slots: int, capacity: int, memory: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, slots: int, capacity: int, memory: int = 0,
+                 dtype: torch.dtype | None = None) -> None:
+        """``dtype``: the keys' and values' (default the model's float type; ``SlotKV`` rounds into another)."""
         weight = next(model.parameters())
+        kv_dtype = dtype or weight.dtype
         layers = model.decoder_layers if hasattr(model, "decoder_layers") else model.layers
         shapes = {(layer.self_attn.n_kv_heads, layer.self_attn.d_qk, layer.self_attn.d_v) for layer in layers}
         self.buffer: torch.Tensor | None = None  # (L, 2, S, H_kv, C, d): every layer's self-attention keys, values
         if len(shapes) == 1 and (shape := shapes.pop())[1] == shape[2]:  # one tensor: one view serves all layers
-            self.buffer = torch.zeros(len(layers), 2, slots, shape[0], capacity, shape[1], dtype=weight.dtype,
+            self.buffer = torch.zeros(len(layers), 2, slots, shape[0], capacity, shape[1], dtype=kv_dtype,
                                       device=weight.device)
         self.layers: list[LayerCache] = []
         for i, layer in enumerate(layers):
             sa, ca = layer.self_attn, layer.cross_attn
-            self_kv = SlotKV(slots, sa.n_kv_heads, capacity, sa.d_qk, sa.d_v, weight.dtype, weight.device,
-                             kv=self.buffer[i] if self.buffer is not None else None)
-            cross = SlotKV(slots, ca.n_kv_heads, memory, ca.d_qk, ca.d_v, weight.dtype, weight.device) \
-                if ca is not None else None
+            self_kv = SlotKV(slots, sa.n_kv_heads, capacity, sa.d_qk, sa.d_v, kv_dtype, weight.device,
+                             kv=self.buffer[i] if self.buffer is not None else None, compute=weight.dtype)
+            cross = SlotKV(slots, ca.n_kv_heads, memory, ca.d_qk, ca.d_v, kv_dtype, weight.device,
+                           compute=weight.dtype) if ca is not None else None
             self.layers.append(LayerCache(self_kv, cross))
         self.slots, self.capacity, self.memory = slots, capacity, memory
+
+    def describe(self) -> str:
+        """"; keys and values in float16" where the cache's type is not the model's (the log's runner line)."""
+        kv = self.layers[0].self_attention
+        return f"; keys and values in {str(kv.k.dtype).removeprefix('torch.')}" if kv.k.dtype != kv.compute else ""
 
     def all(self) -> list[SlotKV]:
         return [kv for layer in self.layers for kv in layer if kv is not None]

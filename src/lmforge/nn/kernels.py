@@ -57,11 +57,12 @@ SIGNATURES = {
     "lmforge_exp": (P, I64, P),
     # x, m, k, w, n, bias, residual, y, threads
     "lmforge_f32_mm": (P, I64, I64, P, I64, P, P, P, INT),
-    # qkv, rows, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, out, threads
-    "lmforge_decode_attention": (P, I64, I64, I64, I64, P, P, P, P, I64, I64, I64, ctypes.c_float, P, INT),
-    # x, rows, layers, n_layers, eps, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, scratch, threads
+    # qkv, rows, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, out, half, threads
+    "lmforge_decode_attention": (P, I64, I64, I64, I64, P, P, P, P, I64, I64, I64, ctypes.c_float, P, INT, INT),
+    # x, rows, layers, n_layers, eps, h, hkv, dh, cos, sin, lengths, kv, slots, capacity, first, scale, scratch,
+    # half, threads
     "lmforge_decode_layers": (P, I64, P, I64, ctypes.c_float, I64, I64, I64, P, P, P, P, I64, I64, I64,
-                              ctypes.c_float, P, INT),
+                              ctypes.c_float, P, INT, INT),
 }
 
 
@@ -212,12 +213,13 @@ def decode_attention(qkv: torch.Tensor, heads: int, cos: torch.Tensor | None, si
                      lengths: torch.Tensor, kv: torch.Tensor, first: int, scale: float, out: torch.Tensor) -> None:
     """One decoding step's attention (kernels.c ``lmforge_decode_attention``): qkv (R, H + 2 H_kv, d) rotated
     in place, the new keys and values written into kv (2, S, H_kv, C, d) at each row's column ``lengths``
-    (int64), out (R, H d) the heads' outputs; every tensor float32 and contiguous."""
+    (int64), out (R, H d) the heads' outputs; every tensor float32 (kv float32 or float16: written rounded to the
+    nearest half) and contiguous."""
     rows, _, d = qkv.shape
     _, slots, hkv, capacity, _ = kv.shape
     library().lmforge_decode_attention(qkv.data_ptr(), rows, heads, hkv, d, pointer(cos), pointer(sin),
                                        lengths.data_ptr(), kv.data_ptr(), slots, capacity, first, scale,
-                                       out.data_ptr(), torch.get_num_threads())
+                                       out.data_ptr(), half(kv), torch.get_num_threads())
 
 
 def product_of(layer: torch.nn.Module) -> Product:
@@ -233,14 +235,21 @@ def product_of(layer: torch.nn.Module) -> Product:
 def decode_layers(x: torch.Tensor, layers: ctypes.Array, eps: float, heads: int, cos: torch.Tensor | None,
                   sin: torch.Tensor | None, lengths: torch.Tensor, kv: torch.Tensor, first: int, scale: float) -> None:
     """Every layer of a decoding step, x (R, D) in place (kernels.c ``lmforge_decode_layers``); kv the slots'
-    (L, 2, S, H_kv, C, d) buffer; ``layers`` an array of ``Layer``."""
+    (L, 2, S, H_kv, C, d) buffer (float32 or float16); ``layers`` an array of ``Layer``."""
     rows, d = x.shape
     _, _, slots, hkv, capacity, dh = kv.shape
     f = layers[0].down.k
     scratch = x.new_empty(rows * (2 * d + (heads + 2 * hkv) * dh + heads * dh + 3 * f))
     library().lmforge_decode_layers(x.data_ptr(), rows, layers, len(layers), eps, heads, hkv, dh, pointer(cos),
                                     pointer(sin), lengths.data_ptr(), kv.data_ptr(), slots, capacity, first, scale,
-                                    scratch.data_ptr(), torch.get_num_threads())
+                                    scratch.data_ptr(), half(kv), torch.get_num_threads())
+
+
+def half(kv: torch.Tensor) -> int:
+    """1 for a cache of IEEE half floats (float16), 0 for float32: the kernels' ``half`` flag."""
+    if kv.dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"the step kernels read a float32 or float16 cache, not {kv.dtype}")
+    return int(kv.dtype == torch.float16)
 
 
 # -- the layouts (kernels.c) -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 /* lmforge's CPU kernels, a decoding step's work besides the products (kernels.c, float_kernels.c): e^x, RMSNorm,
  * the step's attention over each row's cache, and a pre-LN decoder's whole layer stack in one call, float32
- * throughout. Built with the other two into one library (nn/kernels.py); the same rule: a row's bits depend
+ * throughout (the cache may hold its keys and values as IEEE half floats: written rounded to nearest, read back
+ * exactly). Built with the other two into one library (nn/kernels.py); the same rule: a row's bits depend
  * only on its own token and cache, and the plain-C build (no AVX-512) computes the same bits.
  */
 #include <stdint.h>
@@ -201,18 +202,95 @@ static void attend(const float *restrict queries, int64_t group, const float *re
     __builtin_free(scores);
 }
 
+/* x[i] = h[i] for i < n: half floats widened to float32 (exactly; F16C's instruction where there is AVX-512, as
+ * gcc calls a library function for a plain conversion) */
+static inline void widen(const _Float16 *restrict h, int64_t n, float *restrict x) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + LANES <= n; i += LANES)
+        _mm512_storeu_ps(x + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#endif
+    for (; i < n; i++) x[i] = (float)h[i];
+}
+
+/* h[i] = x[i] rounded to the nearest half float (ties to even), i < n */
+static inline void narrow(const float *restrict x, int64_t n, _Float16 *restrict h) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + LANES <= n; i += LANES)
+        _mm256_storeu_si256((__m256i *)(h + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) h[i] = (_Float16)x[i];
+}
+
+/* acc (dh) += sum_c e_c V_c over n columns in order, lane by lane: ``weigh_values``' sums, carried across blocks */
+static void weigh_block(const float *e, const float *values, int64_t n, int64_t dh, float *acc) {
+#if defined(__AVX512F__)
+    if (dh % LANES == 0 && dh <= 8 * LANES) {
+        const int vectors = (int)(dh / LANES);
+        __m512 a[8];
+        for (int v = 0; v < vectors; v++) a[v] = _mm512_loadu_ps(acc + v * LANES);
+        for (int64_t c = 0; c < n; c++) {
+            const __m512 weight = _mm512_set1_ps(e[c]);
+            for (int v = 0; v < vectors; v++)
+                a[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(values + (c * vectors + v) * LANES), a[v]);
+        }
+        for (int v = 0; v < vectors; v++) _mm512_storeu_ps(acc + v * LANES, a[v]);
+        return;
+    }
+#endif
+    for (int64_t c = 0; c < n; c++)
+        for (int64_t i = 0; i < dh; i++) acc[i] = __builtin_fmaf(e[c], values[c * dh + i], acc[i]);
+}
+
+/* ``attend`` over a cache of half floats: its columns widened LANES at a time into a block that stays in the L1
+ * cache, each block through the float32 functions (the scores) or their sums carried across blocks (the weighted
+ * values): the same operations in the same order as ``attend`` over a float32 cache holding the same numbers,
+ * so the same bits, while the cache's reads are half the bytes. */
+static void attend_half(const float *restrict queries, int64_t group, const _Float16 *restrict keys,
+                        const _Float16 *restrict values, int64_t columns, int64_t dh, float scale,
+                        float *restrict out) {
+    float *restrict scores = __builtin_malloc(group * columns * sizeof(float));
+    float wide[LANES * dh], acc[group * dh], total[group];
+    for (int64_t c = 0; c < columns; c += LANES) {
+        const int64_t n = columns - c < LANES ? columns - c : LANES;
+        widen(keys + c * dh, n * dh, wide);
+        for (int64_t j = 0; j < group; j++) score_columns(queries + j * dh, wide, n, dh, scale, scores + j * columns + c);
+    }
+    for (int64_t j = 0; j < group; j++) {
+        float *restrict row = scores + j * columns, top = -__builtin_inff();
+        for (int64_t c = 0; c < columns; c++) top = row[c] > top ? row[c] : top;
+        for (int64_t c = 0; c < columns; c++) row[c] = row[c] - top;
+        exp_all(row, columns, row);
+        total[j] = 0;
+        for (int64_t c = 0; c < columns; c++) total[j] += row[c];
+    }
+    for (int64_t i = 0; i < group * dh; i++) acc[i] = 0;
+    for (int64_t c = 0; c < columns; c += LANES) {
+        const int64_t n = columns - c < LANES ? columns - c : LANES;
+        widen(values + c * dh, n * dh, wide);
+        for (int64_t j = 0; j < group; j++) weigh_block(scores + j * columns + c, wide, n, dh, acc + j * dh);
+    }
+    for (int64_t j = 0; j < group; j++)
+        for (int64_t i = 0; i < dh; i++) out[j * dh + i] = acc[j * dh + i] / total[j];
+    __builtin_free(scores);
+}
+
 /* One decoding step's attention for rows b < rows, each one new token at column lengths[b] of slot first + b:
  *   qkv (rows, h + 2 hkv, dh)      the token's query, key and value heads (its in-projection)
  *   cos, sin (positions, dh)       rotary tables (sin with rotate_half's sign: its first half negated), or NULL
- *   kv (2, slots, hkv, capacity, dh)  the layer's cache: the rotated keys and the values are written at the column
+ *   kv (2, slots, hkv, capacity, dh)  the layer's cache, float32 or (half) IEEE half floats: the rotated keys and
+ *                                  the values are written at the column (half: rounded to nearest), the columns
+ *                                  0..lengths[b] read back as float32 (exactly)
  *   out (rows, h dh)               softmax(scale q K^T) V over columns 0..lengths[b], query head j reading key/value
  *                                  head j / (h / hkv)
  * The query heads are rotated in place in qkv. Scores, their maximum, the exponentials' sum and the weighted values
  * are each summed in column order: a row's bits depend on nothing but its own token and cache. */
 void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, int64_t dh, const float *cos,
-                              const float *sin, const int64_t *lengths, float *kv, int64_t slots, int64_t capacity,
-                              int64_t first, float scale, float *out, int threads) {
-    const int64_t heads = h + 2 * hkv, half = dh / 2, plane = slots * hkv * capacity * dh;
+                              const float *sin, const int64_t *lengths, void *kv, int64_t slots, int64_t capacity,
+                              int64_t first, float scale, float *out, int half, int threads) {
+    const int64_t heads = h + 2 * hkv, half_dh = dh / 2, plane = slots * hkv * capacity * dh;
     const int64_t group = h / hkv;  /* query heads a key/value head serves */
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t task = 0; task < rows * hkv; task++) {
@@ -223,16 +301,25 @@ void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, 
             float turned[dh];
             for (int64_t j = 0; j <= group; j++) {
                 float *x = j < group ? qkv + (b * heads + g * group + j) * dh : key;
-                for (int64_t i = 0; i < half; i++) turned[i] = x[i] * turn_cos[i] + x[i + half] * turn_sin[i];
-                for (int64_t i = half; i < dh; i++) turned[i] = x[i] * turn_cos[i] + x[i - half] * turn_sin[i];
+                for (int64_t i = 0; i < half_dh; i++) turned[i] = x[i] * turn_cos[i] + x[i + half_dh] * turn_sin[i];
+                for (int64_t i = half_dh; i < dh; i++) turned[i] = x[i] * turn_cos[i] + x[i - half_dh] * turn_sin[i];
                 memcpy(x, turned, sizeof turned);
             }
         }
-        float *cache = kv + ((first + b) * hkv + g) * capacity * dh;  /* the key head's; its values a plane on */
-        memcpy(cache + at * dh, key, dh * sizeof(float));  /* the new key and value at column `at` */
-        memcpy(cache + plane + at * dh, value, dh * sizeof(float));
-        attend(qkv + (b * heads + g * group) * dh, group, cache, cache + plane, columns, dh, scale,
-               out + (b * h + g * group) * dh);
+        const int64_t head = ((first + b) * hkv + g) * capacity * dh;  /* the key head's; its values a plane on */
+        const float *queries = qkv + (b * heads + g * group) * dh;
+        float *o = out + (b * h + g * group) * dh;
+        if (!half) {
+            float *cache = (float *)kv + head;
+            memcpy(cache + at * dh, key, dh * sizeof(float));  /* the new key and value at column `at` */
+            memcpy(cache + plane + at * dh, value, dh * sizeof(float));
+            attend(queries, group, cache, cache + plane, columns, dh, scale, o);
+            continue;
+        }
+        _Float16 *keys = (_Float16 *)kv + head, *values = keys + plane;
+        narrow(key, dh, keys + at * dh);  /* rounded to the nearest half, as torch's .to(float16) */
+        narrow(value, dh, values + at * dh);
+        attend_half(queries, group, keys, values, columns, dh, scale, o);
     }
 }
 
@@ -277,12 +364,12 @@ static void swiglu(const float *hidden, int64_t m, int64_t f, float *y) {
     }
 }
 
-/* x (rows, D) through every layer, in place; kv (L, 2, slots, hkv, capacity, dh) the layers' caches; scratch of
- * rows * (2 D + (h + 2 hkv) dh + h dh + 3 F) floats */
+/* x (rows, D) through every layer, in place; kv (L, 2, slots, hkv, capacity, dh) the layers' caches (half: IEEE
+ * half floats); scratch of rows * (2 D + (h + 2 hkv) dh + h dh + 3 F) floats */
 void lmforge_decode_layers(float *x, int64_t rows, const layer_t *layers, int64_t n_layers, float eps, int64_t h,
                            int64_t hkv, int64_t dh, const float *cos, const float *sin, const int64_t *lengths,
-                           float *kv, int64_t slots, int64_t capacity, int64_t first, float scale, float *scratch,
-                           int threads) {
+                           void *kv, int64_t slots, int64_t capacity, int64_t first, float scale, float *scratch,
+                           int half, int threads) {
     const int64_t d = layers[0].out.n, f = layers[0].down.k, plane = 2 * slots * hkv * capacity * dh;
     float *normed = scratch, *heads = normed + rows * d, *attended = heads + rows * (h + 2 * hkv) * dh;
     float *hidden = attended + rows * h * dh, *gated = hidden + rows * 2 * f;
@@ -290,8 +377,9 @@ void lmforge_decode_layers(float *x, int64_t rows, const layer_t *layers, int64_
         const layer_t *layer = layers + l;
         lmforge_rms_norm(x, rows, d, layer->norm1, eps, normed);
         product(&layer->qkv, normed, rows, NULL, heads, threads);
-        lmforge_decode_attention(heads, rows, h, hkv, dh, cos, sin, lengths, kv + l * plane, slots, capacity, first,
-                                 scale, attended, threads);
+        void *layer_kv = half ? (void *)((_Float16 *)kv + l * plane) : (void *)((float *)kv + l * plane);
+        lmforge_decode_attention(heads, rows, h, hkv, dh, cos, sin, lengths, layer_kv, slots, capacity, first,
+                                 scale, attended, half, threads);
         product(&layer->out, attended, rows, x, x, threads);
         lmforge_rms_norm(x, rows, d, layer->norm2, eps, normed);
         product(&layer->up, normed, rows, NULL, hidden, threads);

@@ -209,6 +209,9 @@ class ServeOptions:
                                          "batch, a few minutes at start)")
     prefix_cache: int = setting(128, "blocks of 8 prompt tokens kept to reuse shared prompt beginnings "
                                     "(eager prefills; 0: off)", min=0, metavar="BLOCKS")
+    kv_cache: Literal["model", "fp16"] = setting("model", "the keys and values the engine keeps: fp16 halves their "
+                                                 "memory and the bytes a step reads (each rounded once to a half "
+                                                 "float; the CPU engine); model: the model's float type")
     max_tokens: int = setting(256, "new tokens when a request does not say", min=1, metavar="N")
     max_body: int = setting(1_000_000, "largest request body in bytes (413 beyond)", min=1, metavar="BYTES")
     attention_tokens: int = setting(128, "most tokens of a conversation the attention page shows (its last ones; "

@@ -164,7 +164,8 @@ class ModelService:
         self.warmup: tuple[int, float, str] | None = None  # (graphs, seconds, how: recorded | compiled) at start
         if self.generates:
             self.lm = LM(model, tokenizer, chat_format, slots=options.slots, capacity=options.context,
-                         compile=options.compile, prefix_blocks=options.prefix_cache, log=True)
+                         compile=options.compile, prefix_blocks=options.prefix_cache, log=True,
+                         kv_cache=None if options.kv_cache == "model" else options.kv_cache)
             engine = self.lm.engine
             self.context = engine.capacity
             began = time.perf_counter()

@@ -28,8 +28,9 @@ KINDS = ("eager", "cpu", "compiled", "graphs")
 
 def make_runner(model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
                 prefix_blocks: int = 0, pad_id: int = 0, compile: bool | None = None,
-                kind: str | None = None) -> EagerRunner:
-    """The runner for ``model`` on its device (``kind`` to choose one by name; see the module docstring)."""
+                kind: str | None = None, kv_cache: str | None = None) -> EagerRunner:
+    """The runner for ``model`` on its device (``kind`` to choose one by name; see the module docstring);
+    ``kv_cache="fp16"``: keys and values kept as half floats (the CPU and eager runners)."""
     from lmforge.generation.lean import fits
     from lmforge.generation.runners.compiled import CompiledRunner
     from lmforge.generation.runners.cpu import CpuRunner, fits_one_graph
@@ -45,7 +46,17 @@ def make_runner(model: nn.Module, slots: int, capacity: int, memory: int = 0, st
             kind = "graphs" if device == "cuda" and fits(model) else "compiled"
         else:
             kind = "eager"
+    if kv_cache not in (None, "fp16"):
+        raise LmforgeError(f"kv_cache: {kv_cache!r} is not one of fp16 (or none: the model's own float type)")
+    if kv_cache and (kind not in ("cpu", "eager") or (kind == "cpu" and compile)):
+        raise LmforgeError(f"kv_cache fp16: for the CPU and eager runners (this one is {kind}"
+                           f"{', compiled' if compile else ''}); leave it out")
     args = (model, slots, capacity, memory, start_id, prefix_blocks, pad_id)
+    if kv_cache:
+        import torch
+
+        kv = {"kv_dtype": torch.float16}
+        return CpuRunner(*args, **kv) if kind == "cpu" else EagerRunner(*args, **kv)
     if kind == "cpu":
         return CpuRunner(*args, compile=bool(compile))
     if kind == "graphs":

@@ -191,7 +191,8 @@ class CpuRunner(EagerRunner):
     name = "cpu"
 
     def __init__(self, model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
-                 prefix_blocks: int = 0, pad_id: int = 0, compile: bool = False) -> None:
+                 prefix_blocks: int = 0, pad_id: int = 0, compile: bool = False,
+                 kv_dtype: torch.dtype | None = None) -> None:
         threads = torch.get_num_threads()  # the policy's: torch's count, not the one the block below runs at
         with fitting_threads(machine()):  # its caches filled and its tables made on the cores that are free
             self.packed, self.dynamic = packable(model), compile
@@ -203,7 +204,8 @@ class CpuRunner(EagerRunner):
                 raise LmforgeError("compile: the CPU's one step graph is for float32 decoders (packed products); this "
                                    "model is not one (use compile=False, or the compiled runner: runner='compiled')")
             self.spare_columns = 32 if compile else 0  # keys read whole would be another (contiguous) view: a 2nd graph
-            super().__init__(model, slots, capacity, memory, start_id, prefix_blocks if not compile else 0, pad_id)
+            super().__init__(model, slots, capacity, memory, start_id, prefix_blocks if not compile else 0, pad_id,
+                             kv_dtype)
             self.products = PackedProducts(model, compiled=compile) if self.packed else None
             self.lean = LeanStep(model, self.caches, packed_add if self.packed else add_product, native=True) \
                 if not compile and fits(model, self.caches) else None

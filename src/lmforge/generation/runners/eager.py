@@ -72,13 +72,14 @@ def shifts(r: Request) -> bool:
 class EagerRunner:
     """The model's side of an engine of ``slots`` slots holding ``capacity`` tokens each (an encoder-decoder's
     sources up to ``memory``); ``start_id``: an encoder-decoder's first target token; ``prefix_blocks``: blocks
-    of prompt beginnings kept for reuse (prefix.py; decoders)."""
+    of prompt beginnings kept for reuse (prefix.py; decoders); ``kv_dtype``: the caches' (default the model's; a
+    float16 cache rounds each key and value once, slots.py)."""
 
     name = "eager"
     spare_columns = 0  # columns allocated beyond the capacity (cpu.py's one graph wants one spare bucket)
 
     def __init__(self, model: nn.Module, slots: int, capacity: int, memory: int = 0, start_id: int | None = None,
-                 prefix_blocks: int = 0, pad_id: int = 0) -> None:
+                 prefix_blocks: int = 0, pad_id: int = 0, kv_dtype: torch.dtype | None = None) -> None:
         self.model, self.capacity, self.start_id, self.pad_id = model.eval(), capacity, start_id, pad_id
         self.seq2seq = is_encoder_decoder(model)
         self.memory = memory if self.seq2seq else 0
@@ -87,7 +88,7 @@ class EagerRunner:
         self.n_slots = self.slots_for(slots)
         self.capacity_buckets, self.prompt_buckets = self.columns_for(capacity, self.memory or capacity)
         s = self.row_buckets[-1]  # rows a step may compute: the slots, and any a bucket adds (never held)
-        self.caches = SlotCaches(model, s, capacity + self.spare_columns, self.memory)
+        self.caches = SlotCaches(model, s, capacity + self.spare_columns, self.memory, kv_dtype)
         vocab = model.config.vocab_size
         self.seen = torch.zeros(s, vocab, dtype=torch.bool, device=self.device)  # (S, V) tokens in each text
         self.src_mask = torch.zeros(s, max(self.memory, 1), dtype=torch.bool, device=self.device)  # (S, M)
@@ -128,7 +129,7 @@ class EagerRunner:
         return (f"{self.name} runner on {self.device}: {self.n_slots} slots of {self.capacity} tokens; steps of "
                 f"{row_text} reading {len(self.capacity_buckets)} column widths, prompts in "
                 f"{len(self.prompt_buckets)} widths" + (f"; prefix cache of {self.prefix.capacity} blocks"
-                                                       if self.prefix else ""))
+                                                       if self.prefix else "") + self.caches.describe())
 
     def warmup(self) -> int:
         """Graphs compiled before the first request: none here (compiled runners override)."""
