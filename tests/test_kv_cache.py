@@ -65,7 +65,7 @@ def test_with_a_half_cache_a_cached_prefix_gives_the_bits_of_a_whole_prefill(mod
     """The prefill attends to its own keys as the cache holds them (rounded), so a prompt continued after cached
     blocks of a beginning computes what the whole prompt's prefill computes."""
     first = [1, *range(10, 40)]
-    later = first[:20] + [77, 78]
+    later = [*first[:20], 77, 78]
     engine = Engine(model, slots=2, capacity=64, kv_cache="fp16", prefix_blocks=16)
     engine.submit(Request(first, max_new_tokens=4, stop_ids=[]))
     engine.run()
