@@ -114,7 +114,8 @@ def fitting(threads: int, room: float | None) -> int:
 
 def fitting_threads(load: OtherLoad | None = None) -> contextlib.AbstractContextManager:
     """torch's CPU work inside the block on the threads it has whose cores other processes left free since the
-    last look (``machine()`` by default); all of them when that was too soon to tell or there is no /proc."""
+    last look (``machine()`` by default); all of them while nothing can be told (no window long enough yet, or no
+    /proc)."""
     import torch
 
     load = load or machine()
