@@ -117,35 +117,33 @@ void lmforge_rms_norm(const float *x, int64_t m, int64_t d, const float *w, floa
     }
 }
 
-/* o (dh) = sum_c e_c V_c / total over the columns in order, lane by lane (a head's weighted values) */
+/* acc (dh) += sum_c e_c V_c over n columns in order, lane by lane (a head's weighted values; the sums carried in
+ * acc from one block of columns to the next) */
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void weigh_vectors(const float *e, const float *values, int64_t columns,
-                                                               const int vectors, float total, float *o) {
-    __m512 acc[8];  /* held in registers: the sums never go through memory column by column */
-    for (int v = 0; v < vectors; v++) acc[v] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < columns; c++) {
+static inline __attribute__((always_inline)) void weigh_vectors(const float *e, const float *values, int64_t n,
+                                                               const int vectors, float *acc) {
+    __m512 a[8];  /* held in registers within a block: the sums never go through memory column by column */
+    for (int v = 0; v < vectors; v++) a[v] = _mm512_loadu_ps(acc + v * LANES);
+    for (int64_t c = 0; c < n; c++) {
         const __m512 weight = _mm512_set1_ps(e[c]);
         for (int v = 0; v < vectors; v++)
-            acc[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(values + (c * vectors + v) * LANES), acc[v]);
+            a[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(values + (c * vectors + v) * LANES), a[v]);
     }
-    for (int v = 0; v < vectors; v++) _mm512_storeu_ps(o + v * LANES, _mm512_div_ps(acc[v], _mm512_set1_ps(total)));
+    for (int v = 0; v < vectors; v++) _mm512_storeu_ps(acc + v * LANES, a[v]);
 }
 #endif
 
-static void weigh_values(const float *e, const float *values, int64_t columns, int64_t dh, float total, float *o) {
+static void weigh_values(const float *e, const float *values, int64_t n, int64_t dh, float *acc) {
 #if defined(__AVX512F__)
     switch (dh) {  /* the usual head widths, unrolled */
-    case 32: weigh_vectors(e, values, columns, 2, total, o); return;
-    case 64: weigh_vectors(e, values, columns, 4, total, o); return;
-    case 128: weigh_vectors(e, values, columns, 8, total, o); return;
+    case 32: weigh_vectors(e, values, n, 2, acc); return;
+    case 64: weigh_vectors(e, values, n, 4, acc); return;
+    case 128: weigh_vectors(e, values, n, 8, acc); return;
     default: break;
     }
 #endif
-    float acc[dh];
-    for (int64_t i = 0; i < dh; i++) acc[i] = 0;
-    for (int64_t c = 0; c < columns; c++)
+    for (int64_t c = 0; c < n; c++)
         for (int64_t i = 0; i < dh; i++) acc[i] = __builtin_fmaf(e[c], values[c * dh + i], acc[i]);
-    for (int64_t i = 0; i < dh; i++) o[i] = acc[i] / total;
 }
 
 /* row[c] = scale * dot(q, keys[c]) for every column: ``dot``'s bits, 16 columns at a time where the vectors allow.
@@ -184,24 +182,6 @@ static void score_columns(const float *q, const float *keys, int64_t columns, in
     for (; c < columns; c++) row[c] = scale * dot(q, keys + c * dh, dh);
 }
 
-/* out (group, dh) = softmax(scale q K^T) V for a key/value head's query heads q (group, dh), keys and values
- * (columns, dh): scores, their maximum, the exponentials' sum and the weighted values each in column order */
-static void attend(const float *restrict queries, int64_t group, const float *restrict keys,
-                   const float *restrict values, int64_t columns, int64_t dh, float scale, float *restrict out) {
-    float *restrict scores = __builtin_malloc(group * columns * sizeof(float));
-    for (int64_t j = 0; j < group; j++) {
-        const float *restrict q = queries + j * dh;
-        float *restrict row = scores + j * columns, top = -__builtin_inff(), total = 0;
-        score_columns(q, keys, columns, dh, scale, row);
-        for (int64_t c = 0; c < columns; c++) top = row[c] > top ? row[c] : top;
-        for (int64_t c = 0; c < columns; c++) row[c] = row[c] - top;
-        exp_all(row, columns, row);
-        for (int64_t c = 0; c < columns; c++) total += row[c];
-        weigh_values(row, values, columns, dh, total, out + j * dh);
-    }
-    __builtin_free(scores);
-}
-
 /* x[i] = h[i] for i < n: half floats widened to float32 (exactly; F16C's instruction where there is AVX-512, as
  * gcc calls a library function for a plain conversion) */
 static inline void widen(const _Float16 *restrict h, int64_t n, float *restrict x) {
@@ -224,39 +204,27 @@ static inline void narrow(const float *restrict x, int64_t n, _Float16 *restrict
     for (; i < n; i++) h[i] = (_Float16)x[i];
 }
 
-/* acc (dh) += sum_c e_c V_c over n columns in order, lane by lane: ``weigh_values``' sums, carried across blocks */
-static void weigh_block(const float *e, const float *values, int64_t n, int64_t dh, float *acc) {
-#if defined(__AVX512F__)
-    if (dh % LANES == 0 && dh <= 8 * LANES) {
-        const int vectors = (int)(dh / LANES);
-        __m512 a[8];
-        for (int v = 0; v < vectors; v++) a[v] = _mm512_loadu_ps(acc + v * LANES);
-        for (int64_t c = 0; c < n; c++) {
-            const __m512 weight = _mm512_set1_ps(e[c]);
-            for (int v = 0; v < vectors; v++)
-                a[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(values + (c * vectors + v) * LANES), a[v]);
-        }
-        for (int v = 0; v < vectors; v++) _mm512_storeu_ps(acc + v * LANES, a[v]);
-        return;
-    }
-#endif
-    for (int64_t c = 0; c < n; c++)
-        for (int64_t i = 0; i < dh; i++) acc[i] = __builtin_fmaf(e[c], values[c * dh + i], acc[i]);
+/* columns [c, c + n) of a head's keys or values as float32: the cache's own, or (half) widened into ``wide`` */
+static inline const float *columns_at(const void *cache, int64_t c, int64_t n, int64_t dh, int half, float *wide) {
+    if (!half) return (const float *)cache + c * dh;
+    widen((const _Float16 *)cache + c * dh, n * dh, wide);
+    return wide;
 }
 
-/* ``attend`` over a cache of half floats: its columns widened LANES at a time into a block that stays in the L1
- * cache, each block through the float32 functions (the scores) or their sums carried across blocks (the weighted
- * values): the same operations in the same order as ``attend`` over a float32 cache holding the same numbers,
- * so the same bits, while the cache's reads are half the bytes. */
-static void attend_half(const float *restrict queries, int64_t group, const _Float16 *restrict keys,
-                        const _Float16 *restrict values, int64_t columns, int64_t dh, float scale,
-                        float *restrict out) {
+/* out (group, dh) = softmax(scale q K^T) V for a key/value head's query heads q (group, dh), keys and values
+ * (columns, dh): scores, their maximum, the exponentials' sum and the weighted values each in column order. A
+ * cache of half floats (half) is read LANES columns at a time, widened into a block that stays in the L1 cache:
+ * the same operations in the same order as over a float32 cache holding the same numbers, so the same bits, at
+ * half the bytes read; a float32 cache is read whole. */
+static void attend(const float *restrict queries, int64_t group, const void *keys, const void *values,
+                   int64_t columns, int64_t dh, float scale, int half, float *restrict out) {
+    const int64_t block = half ? LANES : columns;
     float *restrict scores = __builtin_malloc(group * columns * sizeof(float));
     float wide[LANES * dh], acc[group * dh], total[group];
-    for (int64_t c = 0; c < columns; c += LANES) {
-        const int64_t n = columns - c < LANES ? columns - c : LANES;
-        widen(keys + c * dh, n * dh, wide);
-        for (int64_t j = 0; j < group; j++) score_columns(queries + j * dh, wide, n, dh, scale, scores + j * columns + c);
+    for (int64_t c = 0; c < columns; c += block) {
+        const int64_t n = columns - c < block ? columns - c : block;
+        const float *k = columns_at(keys, c, n, dh, half, wide);
+        for (int64_t j = 0; j < group; j++) score_columns(queries + j * dh, k, n, dh, scale, scores + j * columns + c);
     }
     for (int64_t j = 0; j < group; j++) {
         float *restrict row = scores + j * columns, top = -__builtin_inff();
@@ -267,10 +235,10 @@ static void attend_half(const float *restrict queries, int64_t group, const _Flo
         for (int64_t c = 0; c < columns; c++) total[j] += row[c];
     }
     for (int64_t i = 0; i < group * dh; i++) acc[i] = 0;
-    for (int64_t c = 0; c < columns; c += LANES) {
-        const int64_t n = columns - c < LANES ? columns - c : LANES;
-        widen(values + c * dh, n * dh, wide);
-        for (int64_t j = 0; j < group; j++) weigh_block(scores + j * columns + c, wide, n, dh, acc + j * dh);
+    for (int64_t c = 0; c < columns; c += block) {
+        const int64_t n = columns - c < block ? columns - c : block;
+        const float *v = columns_at(values, c, n, dh, half, wide);
+        for (int64_t j = 0; j < group; j++) weigh_values(scores + j * columns + c, v, n, dh, acc + j * dh);
     }
     for (int64_t j = 0; j < group; j++)
         for (int64_t i = 0; i < dh; i++) out[j * dh + i] = acc[j * dh + i] / total[j];
@@ -309,17 +277,17 @@ void lmforge_decode_attention(float *qkv, int64_t rows, int64_t h, int64_t hkv, 
         const int64_t head = ((first + b) * hkv + g) * capacity * dh;  /* the key head's; its values a plane on */
         const float *queries = qkv + (b * heads + g * group) * dh;
         float *o = out + (b * h + g * group) * dh;
-        if (!half) {
-            float *cache = (float *)kv + head;
-            memcpy(cache + at * dh, key, dh * sizeof(float));  /* the new key and value at column `at` */
-            memcpy(cache + plane + at * dh, value, dh * sizeof(float));
-            attend(queries, group, cache, cache + plane, columns, dh, scale, o);
-            continue;
+        void *keys, *values;  /* the new key and value at column `at` (half: rounded as torch's .to(float16)) */
+        if (half) {
+            keys = (_Float16 *)kv + head, values = (_Float16 *)keys + plane;
+            narrow(key, dh, (_Float16 *)keys + at * dh);
+            narrow(value, dh, (_Float16 *)values + at * dh);
+        } else {
+            keys = (float *)kv + head, values = (float *)keys + plane;
+            memcpy((float *)keys + at * dh, key, dh * sizeof(float));
+            memcpy((float *)values + at * dh, value, dh * sizeof(float));
         }
-        _Float16 *keys = (_Float16 *)kv + head, *values = keys + plane;
-        narrow(key, dh, keys + at * dh);  /* rounded to the nearest half, as torch's .to(float16) */
-        narrow(value, dh, values + at * dh);
-        attend_half(queries, group, keys, values, columns, dh, scale, o);
+        attend(queries, group, keys, values, columns, dh, scale, half, o);
     }
 }
 
