@@ -67,14 +67,19 @@ def fits(model: nn.Module, caches: SlotCaches | None = None) -> bool:
     if not isinstance(model, Decoder) or (caches is not None and caches.buffer is None):
         return False
     weight = next(p for p in model.parameters() if p.is_floating_point())
-    if caches is not None and caches.buffer.dtype != weight.dtype and not (
-            caches.buffer.dtype == torch.float16 and weight.dtype == torch.float32
-            and caches.buffer.device.type == "cpu" and kernels.library() is not None):
+    if caches is not None and caches.buffer.dtype != weight.dtype and not kernels_read(caches.buffer, weight.dtype):
         return False
     attention = [layer.self_attn for layer in model.layers]
     if len({(a.n_kv_heads, a.d_qk, a.d_v) for a in attention}) != 1 or attention[0].d_qk != attention[0].d_v:
         return False
     return all(a.q_norm is None and a.d_qk % 2 == 0 for a in attention)
+
+
+def kernels_read(buffer: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether step_kernels.c can read this cache beside a model of ``dtype``: float32 activations, a float32 or
+    float16 cache in the CPU's memory, the kernels built here."""
+    return kernels.library() is not None and buffer.device.type == "cpu" and dtype == torch.float32 \
+        and buffer.dtype in (torch.float32, torch.float16)
 
 
 _TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> Wᵀ, a view made once
@@ -194,8 +199,7 @@ class LeanStep:
                                      for v in (0.0, float("-inf")))
         # step_kernels.c's RMSNorm and step attention (a CPU runner's choice): one call each instead of torch's several;
         # it reads the rotation tables at each row's column unchecked: every column of the cache must have a row
-        self.native = native and kernels.library() is not None and self.buffer.device.type == "cpu" \
-            and weight.dtype == torch.float32 and self.buffer.dtype in (torch.float32, torch.float16) \
+        self.native = native and kernels_read(self.buffer, weight.dtype) \
             and (self.cos is None or self.cos.shape[0] > self.buffer.shape[-2])
         if self.buffer.dtype != weight.dtype and not self.native:  # torch's step would mix the two types
             raise ValueError(f"the lean step reads a {self.buffer.dtype} cache only through step_kernels.c")

@@ -18,6 +18,7 @@ plain lean step, ``compile=True`` compiles it before recording, ``compile=False`
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from lmforge.errors import LmforgeError
@@ -52,13 +53,10 @@ def make_runner(model: nn.Module, slots: int, capacity: int, memory: int = 0, st
         raise LmforgeError(f"kv_cache fp16: for the CPU and eager runners (this one is {kind}"
                            f"{', compiled' if compile else ''}); leave it out")
     args = (model, slots, capacity, memory, start_id, prefix_blocks, pad_id)
-    if kv_cache:
-        import torch
-
-        kv = {"kv_dtype": torch.float16}
-        return CpuRunner(*args, **kv) if kind == "cpu" else EagerRunner(*args, **kv)
-    if kind == "cpu":
-        return CpuRunner(*args, compile=bool(compile))
     if kind == "graphs":
         return GraphRunner(*args, compile_step=compile is True)
-    return {"compiled": CompiledRunner, "eager": EagerRunner}[kind](*args)
+    if kind == "compiled":
+        return CompiledRunner(*args)
+    kv_dtype = torch.float16 if kv_cache else None
+    return CpuRunner(*args, compile=bool(compile), kv_dtype=kv_dtype) if kind == "cpu" else \
+        EagerRunner(*args, kv_dtype=kv_dtype)

@@ -194,7 +194,7 @@ class CpuRunner(EagerRunner):
                  prefix_blocks: int = 0, pad_id: int = 0, compile: bool = False,
                  kv_dtype: torch.dtype | None = None) -> None:
         threads = torch.get_num_threads()  # the policy's: torch's count, not the one the block below runs at
-        with fitting_threads(machine()):  # its caches filled and its tables made on the cores that are free
+        with fitting_threads():  # its caches filled and its tables made on the cores that are free
             self.packed, self.dynamic = packable(model), compile
             # a spare row beside a lone one where oneDNN computes a product (a compiled step's, or a layer that
             # float_kernels.c does not hold: its bits, like the quantized kernels', never depend on the row count)

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 
-from lmforge.cores import OtherLoad, threads_at
+from lmforge.cores import OtherLoad, fitting, threads_at
 
 
 class ThreadPolicy:
@@ -111,7 +111,7 @@ class ThreadPolicy:
         if self.load is None or not self.load.available:
             return True
         room = self.load.room()
-        return unknown if room is None else threads <= room + 0.25
+        return unknown if room is None else fitting(threads, room) == threads
 
     def record(self, took: float, probing: bool, timed: bool = True) -> None:
         self.steps += 1
